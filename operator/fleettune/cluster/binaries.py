@@ -1,0 +1,195 @@
+"""Build and cache the control-plane binaries from the Go module proxy.
+
+Kubernetes publishes no installable `cmd/...` module (its go.mod maps every staging
+module to ./staging with replace lines, which a dependant cannot inherit), so each
+component is built from a tiny wrapper module that repeats those replaces against the
+published staging modules. Binaries are cached outside the repository, keyed by
+version, so only the first run on a machine pays for the build.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBE_VERSION = "v1.34.10"
+ETCD_VERSION = "v3.5.33"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v3.19.5"
+
+# The staging modules of k8s.io/kubernetes 1.34 (from its go.mod `=> ./staging` lines).
+_STAGING = (
+    "api apiextensions-apiserver apimachinery apiserver cli-runtime client-go "
+    "cloud-provider cluster-bootstrap code-generator component-base component-helpers "
+    "controller-manager cri-api cri-client csi-translation-lib dynamic-resource-allocation "
+    "endpointslice externaljwt kms kube-aggregator kube-controller-manager kube-proxy "
+    "kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission "
+    "sample-apiserver sample-cli-plugin sample-controller"
+).split()
+
+KUBE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+Progress = Callable[[str], None]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("FLEETTUNE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleettune"
+    )
+    return Path(base)
+
+
+@dataclass(frozen=True)
+class Binaries:
+    kube_dir: Path
+    etcd: Path
+    kwok: Path
+    kwok_stages: Path
+
+    def kube(self, name: str) -> Path:
+        return self.kube_dir / name
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Only the module proxy is reachable: never fall back to `direct` VCS fetches, and the
+    # checksum database is not reachable either.
+    proxy = subprocess.run(
+        ["go", "env", "GOPROXY"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    proxies = [p for p in proxy.split(",") if p and p not in ("direct", "off")]
+    if proxies:
+        env["GOPROXY"] = ",".join(proxies)
+    env.update(
+        CGO_ENABLED="0",
+        GOSUMDB="off",
+        GOTOOLCHAIN="local",
+        GOFLAGS="-trimpath -buildvcs=false -mod=mod",
+    )
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, progress: Progress, label: str) -> None:
+    started = time.monotonic()
+    progress(f"{label}: {' '.join(cmd[:3])} ...")
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-40:]
+        if line.startswith("go: downloading"):
+            progress(f"{label}: {line.strip()}")
+    if proc.wait() != 0:
+        raise RuntimeError(f"{label} failed ({' '.join(cmd)}):\n" + "\n".join(tail))
+    progress(f"{label}: done in {time.monotonic() - started:.0f}s")
+
+
+def _kube_gomod() -> str:
+    replaces = "\n".join(f"\tk8s.io/{m} => k8s.io/{m} v0.{KUBE_VERSION[3:]}" for m in _STAGING)
+    return (
+        "module local.test/k8sbin\n\ngo 1.24.0\n\ngodebug default=go1.24\n\n"
+        f"require k8s.io/kubernetes {KUBE_VERSION}\n\nreplace (\n{replaces}\n)\n"
+    )
+
+
+def _ldflags_kube() -> str:
+    major, minor = KUBE_VERSION[1:].split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {pkg}.gitVersion={KUBE_VERSION}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+        ]
+    return " ".join(flags)
+
+
+def _build_module(
+    work: Path, gomod: str, packages: list[str], out: Path, ldflags: str, progress: Progress, label: str
+) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "go.mod").write_text(gomod)
+    # A blank-import file keeps `go mod tidy` from pruning the requirement.
+    (work / "tools.go").write_text(
+        "//go:build tools\n\npackage tools\n\nimport (\n"
+        + "".join(f'\t_ "{p}"\n' for p in packages)
+        + ")\n"
+    )
+    _run(["go", "mod", "tidy"], work, progress, f"{label} (resolve modules)")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _run(
+        ["go", "build", "-pgo=off", "-ldflags", ldflags, "-o", str(tmp) + "/", *packages],
+        work,
+        progress,
+        f"{label} (compile)",
+    )
+    # Rename last so an interrupted build never leaves a half-filled cache entry behind.
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def _ensure_kube(root: Path, progress: Progress) -> Path:
+    out = root / "bin" / f"kubernetes-{KUBE_VERSION}"
+    if all((out / c).exists() for c in KUBE_COMPONENTS):
+        return out
+    pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMPONENTS]
+    _build_module(root / "src" / "k8sbin", _kube_gomod(), pkgs, out, _ldflags_kube(), progress, "kubernetes")
+    return out
+
+
+def _ensure_etcd(root: Path, progress: Progress) -> Path:
+    out = root / "bin" / f"etcd-{ETCD_VERSION}"
+    if (out / "server").exists():
+        return out / "server"
+    # A separate module: k8s.io/apiserver requires etcd server 3.6, which MVS would impose.
+    gomod = f"module local.test/etcdbin\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
+    _build_module(root / "src" / "etcdbin", gomod, ["go.etcd.io/etcd/server/v3"], out, "-s -w", progress, "etcd")
+    return out / "server"
+
+
+def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
+    out = root / "bin" / f"kwok-{KWOK_VERSION}"
+    if not (out / "kwok").exists():
+        gomod = f"module local.test/kwokbin\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
+        _build_module(root / "src" / "kwokbin", gomod, ["sigs.k8s.io/kwok/cmd/kwok"], out, "-s -w", progress, "kwok")
+    return out / "kwok", _kwok_module_dir(root)
+
+
+def _kwok_module_dir(root: Path) -> Path:
+    proc = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", f"sigs.k8s.io/kwok@{KWOK_VERSION}"],
+        cwd=root / "src" / "kwokbin",
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(proc.stdout.strip())
+
+
+def ensure_binaries(progress: Progress | None = None) -> Binaries:
+    """Return the cached binaries, building whatever is missing (minutes on a cold cache)."""
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if shutil.which("go") is None:
+        raise RuntimeError("Go is required to build the control plane (https://go.dev/dl)")
+    root = cache_root()
+    etcd = _ensure_etcd(root, say)
+    kwok, kwok_src = _ensure_kwok(root, say)
+    kube = _ensure_kube(root, say)
+    return Binaries(kube_dir=kube, etcd=etcd, kwok=kwok, kwok_stages=kwok_src / "kustomize" / "stage")
+
+
+if __name__ == "__main__":
+    b = ensure_binaries()
+    print(b)
