@@ -1,0 +1,244 @@
+"""Pydantic models of the TuningRun custom resource: the single source of its schema.
+
+`fleettune crd` generates the CustomResourceDefinition's OpenAPI schema from these
+models (see crd.py), and a test checks that the committed YAML matches, so the models
+and the schema cannot drift. Structural checks (types, enums, bounds, required fields,
+cross-field rules as CEL) are enforced by the API server at apply time; semantic checks
+that need the search-space library (constraint expressions, value types, device limits)
+are done by the operator and reported in a status condition naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+CEL = "x-kubernetes-validations"
+
+ParameterType = Literal["integer", "ordinal", "real", "categorical", "boolean", "permutation"]
+StrategyName = Literal["bayes", "random", "genetic"]
+RetunePolicy = Literal["Manual", "OnDriverChange"]
+Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
+TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unschedulable"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class SourceRef(_Model):
+    """User CUDA source held in a ConfigMap of the run's namespace."""
+
+    config_map: str = Field(max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = Field(default="kernel.cu", max_length=253)
+    function: str = Field(pattern=IDENTIFIER, max_length=128, description="Kernel function name.")
+    grid: list[str] = Field(
+        min_length=1, max_length=3, description="Grid size per dimension, expressions of parameters and problem_size."
+    )
+    block: list[str] = Field(min_length=1, max_length=3, description="Block size per dimension, expressions.")
+
+
+class KernelSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={CEL: [{
+        "rule": "has(self.builtin) != has(self.source)",
+        "message": "set exactly one of kernel.builtin or kernel.source",
+    }]})
+
+    builtin: str | None = Field(
+        default=None, pattern=IDENTIFIER, max_length=63,
+        description="A kernel shipped in the job image: convolution, gemm or scan.",
+    )
+    source: SourceRef | None = None
+    problem_size: list[int] = Field(min_length=1, max_length=3, description="Problem size, e.g. [4096, 4096].")
+    default_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The kernel's untuned configuration. It is measured first on every target and "
+        "speed-ups are reported against it.",
+    )
+    warmups: int = Field(default=3, ge=0, le=1000)
+    repeats: int = Field(default=7, ge=1, le=1000)
+
+
+class RangeSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={CEL: [{"rule": "self.min <= self.max", "message": "min > max"}]})
+
+    min: float
+    max: float
+    step: float | None = Field(default=None, gt=0)
+
+
+class ParameterSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={CEL: [
+        {"rule": "!(self.type in ['ordinal', 'categorical']) || has(self.values)",
+         "message": "ordinal and categorical parameters need values"},
+        {"rule": "!(self.type in ['integer', 'real']) || has(self.range)",
+         "message": "integer and real parameters need a range"},
+        {"rule": "self.type != 'permutation' || has(self.size)", "message": "permutation parameters need a size"},
+    ]})
+
+    name: str = Field(pattern=IDENTIFIER, max_length=63)
+    type: ParameterType = "ordinal"
+    values: list[Any] | None = Field(default=None, min_length=1, max_length=4096)
+    range: RangeSpec | None = None
+    scale: Literal["linear", "log"] | None = None
+    size: int | None = Field(default=None, ge=2, le=12)
+    default: Any = None
+
+
+class ObjectiveSpec(_Model):
+    metric: Literal["time"] = Field(default="time", description="Kernel time in milliseconds (median of repeats).")
+    direction: Literal["minimize"] = "minimize"
+
+
+class StrategySpec(_Model):
+    name: StrategyName = "bayes"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    options: dict[str, Any] | None = None
+
+
+class BudgetSpec(_Model):
+    trials_per_target: int = Field(default=60, ge=1, le=100_000, description="Trials per target pool.")
+    parallelism: int = Field(default=2, ge=1, le=256, description="Trials running at once per target pool.")
+    max_infra_failures: int = Field(
+        default=10, ge=0, le=100_000,
+        description="Infrastructure failures (not invalid configurations) tolerated per pool before it fails.",
+    )
+    trial_timeout_seconds: int = Field(default=300, ge=1, le=86_400)
+    patience: int | None = Field(
+        default=None, ge=1, le=100_000, description="Stop a pool after this many trials without improvement."
+    )
+
+
+class TargetSpec(_Model):
+    name: str = Field(pattern=DNS_LABEL, max_length=24)
+    node_selector: dict[str, str] | None = None
+    affinity: dict[str, Any] | None = None
+    tolerations: list[dict[str, Any]] | None = Field(default=None, max_length=32)
+    runtime_class_name: str | None = Field(default=None, max_length=253)
+    image: str | None = Field(default=None, max_length=512, description="Job image for this pool (e.g. arm64).")
+    device: str | None = Field(
+        default=None, max_length=128,
+        description="GPU product for device limits in constraints; default: read from the pool's node labels.",
+    )
+    gpus: int = Field(default=1, ge=1, le=16)
+    allow_privileged: bool = Field(
+        default=False, description="Run trial pods without the restricted security context (e.g. some edge nodes)."
+    )
+
+
+class JobTemplateSpec(_Model):
+    image: str = Field(default="ghcr.io/fleettune/job:0.1.0", max_length=512)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    ttl_seconds_after_finished: int = Field(default=3600, ge=0, le=604_800)
+    backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")
+
+
+class TuningRunSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={CEL: [
+        {"rule": "self.parameters.all(p, self.parameters.exists_one(q, q.name == p.name))",
+         "message": "parameter names must be unique", "fieldPath": ".parameters"},
+        {"rule": "self.targets.all(t, self.targets.exists_one(u, u.name == t.name))",
+         "message": "target names must be unique", "fieldPath": ".targets"},
+    ]})
+
+    kernel: KernelSpec
+    parameters: list[ParameterSpec] = Field(min_length=1, max_length=64)
+    constraints: list[Annotated[str, StringConstraints(min_length=1, max_length=2048)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Known constraints: expressions over parameters and device.<limit>.",
+    )
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    targets: list[TargetSpec] = Field(min_length=1, max_length=16)
+    job_template: JobTemplateSpec = Field(default_factory=JobTemplateSpec)
+    retune_policy: RetunePolicy = "Manual"
+
+
+# ---------------------------------------------------------------- status
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class Fingerprint(_Model):
+    product: str = ""
+    compute_capability: str = ""
+    driver_version: str = ""
+    cuda_runtime_version: str = ""
+    simulated: bool = False
+    synthetic: bool = False
+
+
+class ConfigResult(_Model):
+    config: dict[str, Any]
+    objective_ms: float
+    trial: int
+
+
+class TrialCounts(_Model):
+    completed: int = 0
+    valid: int = 0
+    invalid: int = 0
+    infra_failed: int = 0
+    running: int = 0
+
+
+class TargetStatus(TrialCounts):
+    name: str
+    phase: TargetPhase = "Pending"
+    budget: int = 0
+    space_size: int | None = None
+    device: str = ""
+    fingerprint: Fingerprint | None = None
+    best: ConfigResult | None = None
+    top: list[ConfigResult] = Field(default_factory=list, max_length=5)
+    default_ms: float | None = None
+    speedup: float | None = Field(default=None, description="Default configuration's time / best time.")
+    message: str = ""
+
+
+class ResultsRef(_Model):
+    config_map_prefix: str
+    shards: int = 0
+    records: int = 0
+
+
+class TuningRunStatus(_Model):
+    phase: Phase = "Pending"
+    observed_generation: int | None = None
+    progress: str = Field(default="", description="Trials recorded / budget, for `kubectl get`.")
+    best_summary: str = Field(default="", description="Best time per pool in short form, for `kubectl get`.")
+    trials: TrialCounts = Field(default_factory=TrialCounts)
+    targets: list[TargetStatus] = Field(default_factory=list, max_length=16)
+    results: ResultsRef | None = None
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    started_at: str | None = None
+    completed_at: str | None = None
+
+
+class TuningRun(_Model):
+    """A whole object, as read from the API server (metadata kept as a plain dict)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    api_version: str = "fleettune.dev/v1alpha1"
+    kind: str = "TuningRun"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: TuningRunSpec
+    status: TuningRunStatus | None = None

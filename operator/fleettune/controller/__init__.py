@@ -1,0 +1,1 @@
+"""The operator: kopf wiring (handlers.py) around the tuning loop of one run (tuner.py)."""

@@ -1,0 +1,179 @@
+"""Render the Kubernetes Job of one trial (pure: no API calls).
+
+One Job per (run, target pool, trial index). The name is deterministic, so an operator
+that restarts finds — adopts — the Jobs it created instead of duplicating them. The
+Job carries the trial in an environment variable and is owned by its TuningRun, so
+deleting the run garbage-collects its Jobs and their Pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fleettune import GROUP, KIND, VERSION
+from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune_job.protocol import CONTAINER_NAME, INVALID_CONFIG_EXIT_CODES, TERMINATION_LOG, TRIAL_ENV, Trial
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RUN_LABEL = f"{GROUP}/run"
+TARGET_LABEL = f"{GROUP}/target"
+TRIAL_LABEL = f"{GROUP}/trial"
+CONFIG_ANNOTATION = f"{GROUP}/config"
+NON_ROOT_UID = 10001
+
+
+def job_name(run: str, target: str, index: int) -> str:
+    name = f"{run}-{target}-{index:04d}"
+    if len(name) <= 63:
+        return name
+    # Keep names unique and deterministic when the run name is long.
+    digest = hashlib.sha256(f"{run}/{target}".encode()).hexdigest()[:8]
+    return f"{run[: 63 - len(target) - 16]}-{digest}-{target}-{index:04d}"[:63].rstrip("-")
+
+
+def run_selector(run: str) -> str:
+    return f"{MANAGED_BY}=fleettune,{RUN_LABEL}={run}"
+
+
+def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any]) -> Trial:
+    kernel = spec.kernel
+    source = kernel.source
+    return Trial.model_validate(
+        {
+            "run": run,
+            "target": target.name,
+            "index": index,
+            "kernel": {
+                "builtin": kernel.builtin,
+                "source_path": f"/etc/fleettune/kernel/{source.key}" if source else None,
+                "function": source.function if source else None,
+                "grid": source.grid if source else None,
+                "block": source.block if source else None,
+            },
+            "config": config,
+            "problem_size": kernel.problem_size,
+            "warmups": kernel.warmups,
+            "repeats": kernel.repeats,
+            "timeout_s": float(spec.budget.trial_timeout_seconds),
+        }
+    )
+
+
+def _security(target: TargetSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    if target.allow_privileged:
+        return {}, {}
+    pod = {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    return pod, container
+
+
+def render_job(
+    *,
+    run: str,
+    namespace: str,
+    uid: str,
+    spec: TuningRunSpec,
+    target: TargetSpec,
+    index: int,
+    config: dict[str, Any],
+    config_key: str,
+) -> dict[str, Any]:
+    trial = make_trial(run, spec, target, index, config)
+    labels = {MANAGED_BY: "fleettune", RUN_LABEL: run, TARGET_LABEL: target.name, TRIAL_LABEL: str(index)}
+    pod_security, container_security = _security(target)
+    tmpl = spec.job_template
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if spec.kernel.source is not None:
+        volumes.append({"name": "kernel", "configMap": {"name": spec.kernel.source.config_map}})
+        mounts.append({"name": "kernel", "mountPath": "/etc/fleettune/kernel", "readOnly": True})
+    gpus = str(target.gpus)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security,
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": target.image or tmpl.image,
+                "imagePullPolicy": tmpl.image_pull_policy,
+                "env": [
+                    {"name": TRIAL_ENV, "value": trial.to_env()},
+                    {"name": "CUPY_CACHE_DIR", "value": "/tmp/cupy"},
+                    {"name": "HOME", "value": "/tmp"},
+                ],
+                "resources": {
+                    "requests": {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": gpus},
+                    "limits": {"memory": "4Gi", "nvidia.com/gpu": gpus},
+                },
+                "securityContext": container_security,
+                "terminationMessagePath": TERMINATION_LOG,
+                "terminationMessagePolicy": "File",
+                "volumeMounts": mounts,
+            }
+        ],
+        "volumes": volumes,
+    }
+    if target.node_selector:
+        pod_spec["nodeSelector"] = dict(target.node_selector)
+    if target.affinity:
+        pod_spec["affinity"] = target.affinity
+    if target.tolerations:
+        pod_spec["tolerations"] = target.tolerations
+    if target.runtime_class_name:
+        pod_spec["runtimeClassName"] = target.runtime_class_name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(run, target.name, index),
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {CONFIG_ANNOTATION: config_key},
+            "ownerReferences": [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": KIND,
+                    "name": run,
+                    "uid": uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "backoffLimit": tmpl.backoff_limit,
+            "activeDeadlineSeconds": spec.budget.trial_timeout_seconds,
+            "ttlSecondsAfterFinished": tmpl.ttl_seconds_after_finished,
+            "podFailurePolicy": {
+                "rules": [
+                    # An invalid configuration fails the same way on every retry: stop at once.
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "In",
+                            "values": INVALID_CONFIG_EXIT_CODES,
+                        },
+                    },
+                    # Preemption, eviction and drains (driver upgrades) say nothing about the
+                    # configuration: retry without spending the backoff budget.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

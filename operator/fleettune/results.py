@@ -1,0 +1,143 @@
+"""Turn a finished trial Job (and its Pods) into one record (pure: works on dicts).
+
+The verdict comes from the trial container's termination message and exit code. How a
+Job ended decides what the record means: an invalid configuration (compile, launch,
+runtime, correctness, timeout) is a *feasibility observation* the optimiser learns
+from; an infrastructure failure (no GPU, lost Pod, garbled message, never started) is
+not an observation of the configuration at all — it is counted, and the configuration
+may be tried again.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleettune.jobs import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
+from fleettune_job.protocol import (
+    CONTAINER_NAME,
+    OUTCOME_BY_EXIT_CODE,
+    Fingerprint,
+    Outcome,
+    ProtocolError,
+    TrialResult,
+    decode,
+    infra_failure,
+)
+
+
+class TrialRecord(BaseModel):
+    """One trial's outcome as stored durably (one JSON line in the results store)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    target: str
+    index: int
+    config: dict[str, Any]
+    key: str
+    outcome: Outcome
+    objective: float | None = None
+    times: list[float] = Field(default_factory=list)
+    fingerprint: Fingerprint | None = None
+    error: str = ""
+    node: str | None = None
+    job: str = ""
+    generation: int = 1
+    recorded_at: str = ""
+
+    @property
+    def is_observation(self) -> bool:
+        return self.outcome != Outcome.INFRA_ERROR
+
+
+def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def job_finished(job: dict[str, Any]) -> bool:
+    return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER_NAME:
+            return (status.get("state") or {}).get("terminated")
+    return None
+
+
+def _started(pod: dict[str, Any]) -> bool:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        if status.get("name") == CONTAINER_NAME and (state.get("running") or state.get("terminated")):
+            return True
+    return False
+
+
+def _last_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def finished_at(pod: dict[str, Any]) -> str:
+        term = _terminated(pod) or {}
+        return term.get("finishedAt") or pod["metadata"].get("creationTimestamp") or ""
+
+    ended = [p for p in pods if _terminated(p) is not None]
+    return max(ended, key=finished_at) if ended else None
+
+
+def _result_from_pod(pod: dict[str, Any]) -> TrialResult:
+    term = _terminated(pod) or {}
+    code = term.get("exitCode")
+    try:
+        result = decode(term.get("message"))
+    except ProtocolError as exc:
+        return infra_failure(f"{exc} (exit code {code}, reason {term.get('reason')})")
+    # A verdict whose exit code disagrees with it cannot be trusted either way.
+    if code is not None and OUTCOME_BY_EXIT_CODE.get(code) != result.outcome:
+        return infra_failure(f"exit code {code} contradicts outcome {result.outcome.value}: {result.error}")
+    return result
+
+
+def result_of_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> TrialResult:
+    """The verdict of a finished Job (call only when `job_finished(job)`)."""
+    failed = _condition(job, "Failed")
+    last = _last_pod(pods)
+    if failed is not None and failed.get("reason") == "DeadlineExceeded":
+        # The deadline also runs while a Pod waits for a node: only a trial that really
+        # ran out of time says something about its configuration.
+        if any(_started(p) for p in pods):
+            detail = failed.get("message", "")
+            return TrialResult(outcome=Outcome.TIMEOUT, error=f"trial exceeded its deadline: {detail}")
+        return infra_failure("trial never started before its deadline (no node of the pool could run it)")
+    if last is None:
+        reason = failed.get("reason") if failed else "Complete"
+        return infra_failure(f"job ended ({reason}) but no trial pod is left to read its result from")
+    result = _result_from_pod(last)
+    if failed is not None and result.outcome == Outcome.OK:
+        return infra_failure(f"job failed ({failed.get('reason')}) although its last pod reported ok")
+    return result
+
+
+def record_from_job(
+    job: dict[str, Any], pods: list[dict[str, Any]], config: dict[str, Any], generation: int
+) -> TrialRecord:
+    meta = job["metadata"]
+    result = result_of_job(job, pods)
+    last = _last_pod(pods)
+    return TrialRecord(
+        target=meta["labels"][TARGET_LABEL],
+        index=int(meta["labels"][TRIAL_LABEL]),
+        config=config,
+        key=meta.get("annotations", {}).get(CONFIG_ANNOTATION, ""),
+        outcome=result.outcome,
+        objective=result.objective,
+        times=result.times[:16],
+        fingerprint=result.fingerprint if result.fingerprint.product else None,
+        error=result.error[:500],
+        node=(last or {}).get("spec", {}).get("nodeName"),
+        job=meta["name"],
+        generation=generation,
+        recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
