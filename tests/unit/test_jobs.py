@@ -1,0 +1,74 @@
+from pathlib import Path
+
+import yaml
+
+from fleettune.api import TuningRunSpec
+from fleettune.jobs import RUN_LABEL, TARGET_LABEL, TRIAL_LABEL, job_name, render_job
+from fleettune_job.protocol import INVALID_CONFIG_EXIT_CODES, TRIAL_ENV, Trial
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = TuningRunSpec.model_validate(
+    yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())["spec"]
+)
+CONFIG = {"block_size_x": 32, "block_size_y": 4}
+
+
+def _render(target_index=0, index=7):
+    return render_job(
+        run="conv", namespace="ns", uid="uid-1", spec=SPEC, target=SPEC.targets[target_index],
+        index=index, config=CONFIG, config_key="32,4",
+    )
+
+
+def test_job_is_owned_labelled_and_named_deterministically():
+    job = _render()
+    meta = job["metadata"]
+    assert meta["name"] == "conv-a100-0007" == _render()["metadata"]["name"]
+    assert meta["labels"][RUN_LABEL] == "conv" and meta["labels"][TARGET_LABEL] == "a100"
+    assert meta["labels"][TRIAL_LABEL] == "7"
+    owner = meta["ownerReferences"][0]
+    assert owner["uid"] == "uid-1" and owner["kind"] == "TuningRun" and owner["controller"] is True
+
+
+def test_long_names_stay_valid_and_distinct():
+    names = {job_name("r" * 80, "pool-" + str(i), 12) for i in range(5)}
+    assert len(names) == 5 and all(len(n) <= 63 and not n.endswith("-") for n in names)
+
+
+def test_job_spec_follows_the_trial_contract():
+    spec = _render()["spec"]
+    assert spec["activeDeadlineSeconds"] == SPEC.budget.trial_timeout_seconds
+    assert spec["backoffLimit"] == SPEC.job_template.backoff_limit
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == INVALID_CONFIG_EXIT_CODES
+    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-PCIE-40GB"}
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    trial = Trial.from_env(env[TRIAL_ENV])
+    assert trial.config == CONFIG and trial.index == 7 and trial.kernel.builtin == "convolution"
+
+
+def test_pods_are_non_root_read_only_without_escalation():
+    pod = _render()["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_jetson_target_gets_runtime_class_tolerations_and_its_image():
+    pod = _render(target_index=2)["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["tolerations"][0]["key"] == "edge"
+    assert pod["containers"][0]["image"].endswith("-l4t")
+
+
+def test_a_target_may_opt_out_of_the_restricted_context():
+    target = SPEC.targets[0].model_copy(update={"allow_privileged": True})
+    job = render_job(run="c", namespace="n", uid="u", spec=SPEC, target=target, index=0, config={}, config_key="")
+    assert job["spec"]["template"]["spec"]["containers"][0]["securityContext"] == {}

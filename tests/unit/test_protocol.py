@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from fleettune_job.protocol import (
+    EXIT_CODES,
+    INVALID_CONFIG_EXIT_CODES,
+    MAX_MESSAGE_BYTES,
+    Fingerprint,
+    KernelRef,
+    Outcome,
+    ProtocolError,
+    Trial,
+    TrialResult,
+    decode,
+)
+
+
+def test_result_round_trip_keeps_every_field():
+    res = TrialResult(
+        outcome=Outcome.OK, objective=0.55, times=[0.55, 0.56], fingerprint=Fingerprint(product="A100"), compile_s=0.9
+    )
+    assert decode(res.encode()) == res
+    assert res.exit_code == 0
+
+
+def test_oversized_error_is_trimmed_to_fit_but_verdict_kept():
+    res = TrialResult(outcome=Outcome.COMPILE_ERROR, error="x" * 20_000, times=[1.0] * 500)
+    text = res.encode()
+    assert len(text.encode()) <= MAX_MESSAGE_BYTES
+    back = decode(text)
+    assert back.outcome == Outcome.COMPILE_ERROR and back.error.startswith("xxx")
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("not json", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        (json.dumps({"version": 99, "outcome": "ok", "objective": 1.0}), "unknown protocol version"),
+        (json.dumps({"version": 1, "outcome": "exploded"}), "outcome"),
+        (json.dumps({"version": 1, "outcome": "ok"}), "objective"),
+        (json.dumps({"version": 1, "outcome": "ok", "objective": -1}), "objective"),
+        (json.dumps({"version": 1, "outcome": "ok", "objective": 1, "extra": 1}), "extra"),
+        ("{" + " " * 5000 + "}", "exceeds 4 KiB"),
+    ],
+)
+def test_bad_messages_raise_protocol_error(message, fragment):
+    with pytest.raises(ProtocolError, match=fragment):
+        decode(message)
+
+
+def test_exit_codes_split_invalid_configurations_from_infrastructure():
+    assert EXIT_CODES[Outcome.INFRA_ERROR] not in INVALID_CONFIG_EXIT_CODES
+    assert EXIT_CODES[Outcome.OK] not in INVALID_CONFIG_EXIT_CODES
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES)
+    assert all(o.is_invalid_configuration == (EXIT_CODES[o] in INVALID_CONFIG_EXIT_CODES) for o in Outcome)
+
+
+def test_trial_env_round_trip():
+    trial = Trial(
+        run="r", target="a100", index=3, kernel=KernelRef(builtin="convolution"),
+        config={"block_size_x": 32}, problem_size=[4096, 4096],
+    )
+    assert Trial.from_env(trial.to_env()) == trial

@@ -1,0 +1,55 @@
+from fleettune.results import TrialRecord
+from fleettune.status import TOP_K, run_status, target_status
+from fleettune.store import decode_shard, encode_shard
+from fleettune_job.protocol import Outcome
+
+
+def _rec(index, outcome=Outcome.OK, objective=None, key=None):
+    return TrialRecord(
+        target="a100", index=index, config={"x": index}, key=key or str(index), outcome=outcome, objective=objective
+    )
+
+
+RECORDS = [
+    _rec(0, objective=2.0, key="default"),
+    *[_rec(i, objective=1.0 + i / 100) for i in range(1, 20)],
+    _rec(20, Outcome.COMPILE_ERROR),
+    _rec(21, Outcome.INFRA_ERROR),
+    _rec(22, objective=1.0 + 1 / 100, key="1"),  # a repeat of config "1" is listed once
+]
+
+
+def test_shard_round_trip():
+    assert decode_shard(encode_shard(RECORDS)) == RECORDS
+
+
+def test_target_status_counts_ranks_and_computes_speedup():
+    st = target_status(name="a100", phase="Running", budget=40, records=RECORDS, running=3, default_key="default")
+    assert (st.completed, st.valid, st.invalid, st.infra_failed, st.running) == (22, 21, 1, 1, 3)
+    assert st.best.trial == 1 and st.best.objective_ms == 1.01
+    assert len(st.top) == TOP_K and len({tuple(t.config.items()) for t in st.top}) == TOP_K
+    assert st.default_ms == 2.0 and st.speedup == round(2.0 / 1.01, 3)
+
+
+def test_run_status_stays_small_whatever_the_number_of_trials():
+    many = [_rec(i, objective=1.0 + i) for i in range(10_000)]
+    st = target_status(name="a100", phase="Running", budget=10_000, records=many, running=0)
+    status = run_status(previous=None, generation=3, phase="Running", targets=[st] * 16, results=None,
+                        reason="Tuning", message="")
+    assert len(status.model_dump_json()) < 64 * 1024
+    assert status.progress == f"{16 * 10_000}/{16 * 10_000}"
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert ready.status == "False" and ready.observed_generation == 3
+
+
+def test_conditions_keep_transition_time_until_status_changes():
+    st = target_status(name="a", phase="Running", budget=1, records=[], running=1)
+    first = run_status(previous=None, generation=1, phase="Running", targets=[st], results=None, reason="T", message="")
+    again = run_status(
+        previous=first, generation=1, phase="Running", targets=[st], results=None, reason="T", message=""
+    )
+    assert first.conditions == again.conditions
+    done = run_status(previous=first, generation=1, phase="Succeeded", targets=[st], results=None, reason="Tuned",
+                      message="")
+    ready = next(c for c in done.conditions if c.type == "Ready")
+    assert ready.status == "True" and done.completed_at is not None
