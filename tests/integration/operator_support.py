@@ -1,0 +1,124 @@
+"""Helpers for tests that run the real operator against the local control plane."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleettune import GROUP, PLURAL, VERSION
+from fleettune.crd import render
+from fleettune.store import DATA_KEY, RESULTS_OF, decode_shard
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "convolution-fleet.yaml"
+
+
+def install_crd(cluster: Any) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(render())
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", f.name)
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+
+
+class OperatorProcess:
+    """The real operator in a subprocess, so a test can SIGKILL it and start another."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
+        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"operator-{self.namespace}-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace],
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def logs(self) -> str:
+        logs = sorted(self.log_dir.glob(f"operator-{self.namespace}-*"))
+        return "\n".join(p.read_text(errors="replace") for p in logs)
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join([str(ROOT / "operator"), str(ROOT / "job_image"), os.environ.get("PYTHONPATH", "")])
+
+
+def example(name: str, **budget: int) -> dict[str, Any]:
+    doc = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    doc["metadata"] = {"name": name}
+    doc["spec"]["budget"].update(budget)
+    return doc
+
+
+def apply(cluster: Any, namespace: str, doc: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(doc, f)
+    return cluster.kubectl("apply", "-n", namespace, "-f", f.name, *extra, check=False)
+
+
+def get_run(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "-n", namespace, f"{PLURAL}.{VERSION}.{GROUP}", name, "-o", "json")
+    return json.loads(out.stdout)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def wait_phase(cluster: Any, namespace: str, name: str, timeout: float, operator: OperatorProcess) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        assert operator.proc is None or operator.proc.poll() is None, "operator died:\n" + operator.logs()[-4000:]
+        run = get_run(cluster, namespace, name)
+        return run if (run.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
+
+    try:
+        return wait_for(done, timeout, f"{name} to finish")
+    except AssertionError:
+        print(operator.logs()[-6000:])
+        raise
+
+
+def stored_records(cluster: Any, namespace: str, run: str) -> list[Any]:
+    out = cluster.kubectl("get", "configmaps", "-n", namespace, "-l", f"{RESULTS_OF}={run}", "-o", "json")
+    records = []
+    for cm in json.loads(out.stdout)["items"]:
+        records += decode_shard(cm["binaryData"][DATA_KEY])
+    return records
+
+
+def jobs(cluster: Any, namespace: str, run: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "jobs", "-n", namespace, "-l", f"{GROUP}/run={run}", "-o", "json")
+    return json.loads(out.stdout)["items"]
