@@ -1,0 +1,60 @@
+"""Steady-state genetic algorithm over index rows: the classic-heuristic baseline
+(what Kernel Tuner's and many auto-tuners' default GA does, adapted to suggest/observe)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .problem import Candidates, History
+from .strategy import Strategy, take_random
+
+DEFAULTS: dict[str, Any] = {"population": 20, "mutation": None, "tournament": 3}
+
+
+class Genetic(Strategy):
+    name = "genetic"
+
+    def __init__(self, candidates: Candidates, seed: int, options: dict[str, Any] | None = None) -> None:
+        super().__init__(candidates, seed, {**DEFAULTS, **(options or {})})
+        rows = candidates.rows
+        self._values = [np.unique(rows[:, j]) for j in range(rows.shape[1])]
+
+    def propose(self, n: int, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
+        rng = self.rng(history, pending)
+        avail = available.copy()
+        avail[pending] = False
+        size = self.options["population"]
+        mine = np.flatnonzero((history.task == 1) & (history.cand >= 0))
+        if len(mine) < size:
+            return take_random(rng, avail, n)
+        # Fitness rank: feasible by time, failures last (they still breed, rarely).
+        value = np.where(history.feasible[mine], history.value[mine], np.inf)
+        order = mine[np.lexsort((np.arange(len(mine)), value))]
+        population = self.candidates.rows[history.cand[order[:size]]]
+        d = population.shape[1]
+        p_mut = self.options["mutation"] or 1.0 / max(d, 1)
+        picks: list[int] = []
+        for _ in range(n):
+            if not avail.any():
+                break
+            a = population[min(rng.integers(size, size=self.options["tournament"]))]
+            b = population[min(rng.integers(size, size=self.options["tournament"]))]
+            child = np.where(rng.random(d) < 0.5, a, b)
+            for j in np.flatnonzero(rng.random(d) < p_mut):
+                child[j] = rng.choice(self._values[j])
+            c = int(self.candidates.lookup(child)[0])
+            if c < 0 or not avail[c]:
+                c = self._repair(child, avail, rng)
+            picks.append(c)
+            avail[c] = False
+        return np.array(picks, dtype=np.int64)
+
+    def _repair(self, child: np.ndarray, avail: np.ndarray, rng: np.random.Generator) -> int:
+        """Nearest available candidate in Hamming distance (random among ties): children
+        that violate a restriction or repeat an evaluation are moved, not dropped."""
+        idx = np.flatnonzero(avail)
+        dist = (self.candidates.rows[idx] != child).sum(axis=1)
+        ties = idx[dist == dist.min()]
+        return int(ties[rng.integers(len(ties))])

@@ -1,0 +1,192 @@
+"""Gaussian-process surrogate: BoTorch/GPyTorch for the model and its hyperparameters,
+a hand-written posterior for scoring.
+
+Scoring thousands to millions of candidates through GPyTorch's generic posterior costs
+seconds per suggestion; with the hyperparameters fixed, the posterior is two matrix
+products against a cached Cholesky factor, which is what :class:`Posterior` does in
+chunks (float32 where the cancellation in the variance cannot hurt).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SQRT5 = math.sqrt(5.0)
+MIN_LENGTHSCALE = 0.025  # as BoTorch's dim-scaled prior: below this, 0/1 features look independent
+MIN_NOISE = 1e-6
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Fitted hyperparameters of a constant-mean, scaled Matérn-5/2 ARD GP."""
+
+    lengthscale: np.ndarray  # (f,)
+    outputscale: float
+    mean: float
+    noise: float  # homoskedastic noise learned on top of the per-point (repeat) noise
+
+    @staticmethod
+    def default(n_features: int) -> Hyper:
+        return Hyper(
+            lengthscale=np.full(n_features, _lengthscale_prior_mode(n_features)),
+            outputscale=1.0,
+            mean=0.0,
+            noise=1e-3,
+        )
+
+
+def _lengthscale_prior_loc(n_features: int) -> float:
+    # Hvarfner et al. (2024), BoTorch's default: the prior median grows with sqrt(d), so
+    # that many features do not make every point look unrelated to every other one.
+    return math.sqrt(2.0) + 0.5 * math.log(max(n_features, 1))
+
+
+def _lengthscale_prior_mode(n_features: int) -> float:
+    return math.exp(_lengthscale_prior_loc(n_features) - 3.0)
+
+
+def matern52(a: torch.Tensor, b: torch.Tensor, lengthscale: torch.Tensor) -> torch.Tensor:
+    """Unit-variance Matérn-5/2 ARD kernel matrix between the rows of ``a`` and ``b``."""
+    za = a / lengthscale
+    zb = b / lengthscale
+    # |a-b|^2 through one matrix product: the N x n x f difference tensor would not fit.
+    d2 = (za * za).sum(-1, keepdim=True) + (zb * zb).sum(-1) - 2.0 * (za @ zb.T)
+    r = d2.clamp_min_(0.0).sqrt_()
+    sr = r.mul_(SQRT5)
+    return (1.0 + sr + sr * sr / 3.0) * torch.exp(-sr)
+
+
+def fit_hyper(
+    x: np.ndarray,
+    y: np.ndarray,
+    noise: np.ndarray,
+    *,
+    init: Hyper | None = None,
+    max_iter: int = 60,
+) -> Hyper:
+    """Maximum a-posteriori hyperparameters for standardised targets ``y``.
+
+    ``noise`` is each point's known variance (from its repeats); a homoskedastic noise on
+    top of it is learned, because model misfit on real kernels dwarfs timing noise.
+    Deterministic: fixed start, L-BFGS-B without random restarts.
+    """
+    from botorch.models import SingleTaskGP
+    from botorch.optim.fit import fit_gpytorch_mll_scipy
+    from gpytorch.constraints import GreaterThan
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+    from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
+    from gpytorch.means import ConstantMean
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+    from gpytorch.priors import GammaPrior, LogNormalPrior
+
+    n_features = x.shape[1]
+    tx = torch.as_tensor(x, dtype=torch.float64)
+    ty = torch.as_tensor(y, dtype=torch.float64).unsqueeze(-1)
+    tn = torch.as_tensor(np.maximum(noise, MIN_NOISE), dtype=torch.float64)
+    base = MaternKernel(
+        nu=2.5,
+        ard_num_dims=n_features,
+        lengthscale_prior=LogNormalPrior(_lengthscale_prior_loc(n_features), math.sqrt(3.0)),
+        lengthscale_constraint=GreaterThan(MIN_LENGTHSCALE, transform=None),
+    )
+    covar = ScaleKernel(base, outputscale_prior=GammaPrior(2.0, 0.15))
+    likelihood = FixedNoiseGaussianLikelihood(noise=tn, learn_additional_noise=True)
+    likelihood.second_noise_covar.register_prior(
+        "noise_prior", GammaPrior(1.1, 0.05), lambda m: m.noise, lambda m, v: m._set_noise(v)
+    )
+    model = SingleTaskGP(
+        tx, ty, likelihood=likelihood, covar_module=covar, mean_module=ConstantMean(), outcome_transform=None
+    ).to(torch.float64)
+    start = init or Hyper.default(n_features)
+    with torch.no_grad():
+        base.lengthscale = torch.as_tensor(np.maximum(start.lengthscale, MIN_LENGTHSCALE * 1.01))
+        covar.outputscale = torch.tensor(float(start.outputscale))
+        model.mean_module.constant.fill_(float(start.mean))
+        likelihood.second_noise_covar.noise = torch.tensor(max(float(start.noise), 2 * MIN_NOISE))
+    mll = ExactMarginalLogLikelihood(likelihood, model)
+    mll.train()
+    try:
+        fit_gpytorch_mll_scipy(mll, options={"maxiter": max_iter})
+    except Exception:  # a failed fit keeps its start point: a stale model beats no model
+        return start
+    mll.eval()
+    ls = base.lengthscale.detach().reshape(-1).numpy().astype(np.float64)
+    hyper = Hyper(
+        lengthscale=ls,
+        outputscale=float(covar.outputscale.detach()),
+        mean=float(model.mean_module.constant.detach()),
+        noise=float(likelihood.second_noise_covar.noise.detach().reshape(-1)[0]),
+    )
+    if not (np.all(np.isfinite(hyper.lengthscale)) and math.isfinite(hyper.outputscale)):
+        return start
+    return hyper
+
+
+class Posterior:
+    """Exact GP posterior for fixed hyperparameters, with a cached Cholesky factor.
+
+    ``add_believer`` conditions on pending points at their posterior mean (Kriging
+    believer): the mean does not move, the variance shrinks around them, so a batch
+    spreads out instead of clustering on one optimum.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, noise: np.ndarray, hyper: Hyper) -> None:
+        self.hyper = hyper
+        self.x = torch.as_tensor(x, dtype=torch.float64)
+        self.ls = torch.as_tensor(hyper.lengthscale, dtype=torch.float64)
+        self.s2 = float(hyper.outputscale)
+        self.noise_extra = max(float(hyper.noise), MIN_NOISE)
+        resid = torch.as_tensor(y, dtype=torch.float64) - hyper.mean
+        k = self.s2 * matern52(self.x, self.x, self.ls)
+        k.diagonal().add_(torch.as_tensor(noise, dtype=torch.float64) + self.noise_extra)
+        self.chol = _robust_cholesky(k)
+        self.alpha = torch.cholesky_solve(resid.unsqueeze(-1), self.chol).squeeze(-1)
+        eye = torch.eye(k.shape[0], dtype=torch.float64)
+        self.k_inv = torch.cholesky_solve(eye, self.chol)
+        self._k_inv32 = self.k_inv.to(torch.float32)
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    def cross(self, xc: torch.Tensor) -> torch.Tensor:
+        return self.s2 * matern52(xc.to(torch.float64), self.x, self.ls)
+
+    def predict(self, xc: np.ndarray | torch.Tensor, *, chunk: int = 8192, fast: bool = True):
+        """Posterior mean and variance (latent, without noise) at the rows of ``xc``."""
+        xc = torch.as_tensor(xc)
+        means, variances = [], []
+        for start in range(0, xc.shape[0], chunk):
+            ks = self.cross(xc[start : start + chunk])
+            means.append(self.hyper.mean + ks @ self.alpha)
+            if fast:
+                # float32 GEMM for the quadratic form; the subtraction stays in float64.
+                k32 = ks.to(torch.float32)
+                quad = ((k32 @ self._k_inv32) * k32).sum(-1).to(torch.float64)
+            else:
+                quad = ((ks @ self.k_inv) * ks).sum(-1)
+            variances.append((self.s2 - quad).clamp_min_(1e-12))
+        return torch.cat(means), torch.cat(variances)
+
+    def cov_with(self, xc: torch.Tensor, xp: torch.Tensor) -> torch.Tensor:
+        """Posterior covariance between rows of ``xc`` and rows of ``xp`` (small)."""
+        kcp = self.s2 * matern52(xc.to(torch.float64), xp.to(torch.float64), self.ls)
+        ksc = self.cross(xc)
+        ksp = self.cross(xp)
+        return kcp - ksc @ (self.k_inv @ ksp.T)
+
+
+def _robust_cholesky(k: torch.Tensor) -> torch.Tensor:
+    jitter = 0.0
+    scale = float(k.diagonal().mean())
+    for _ in range(8):
+        kj = k if jitter == 0.0 else k + jitter * torch.eye(k.shape[0], dtype=k.dtype)
+        chol, info = torch.linalg.cholesky_ex(kj)
+        if int(info) == 0:
+            return chol
+        jitter = max(jitter * 10.0, 1e-8 * scale)
+    raise np.linalg.LinAlgError("covariance matrix is not positive definite, even with jitter")

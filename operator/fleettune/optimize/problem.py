@@ -1,0 +1,128 @@
+"""What a strategy sees: the candidate set, its encoding, and the history so far.
+
+Everything here is plain numpy, indexed by candidate number, so that strategies can be
+tested without a search-space object and replayed without a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleettune_job.protocol import Outcome
+
+
+@dataclass
+class Candidates:
+    """The finite set a study chooses from: index rows and their feature encoding."""
+
+    rows: np.ndarray  # (N, d) int32 value indices
+    x: np.ndarray  # (N, f) encoding in [0, 1]
+    feature_groups: list[tuple[str, slice]] = field(default_factory=list)
+    _keys: np.ndarray | None = field(default=None, repr=False)
+    _order: np.ndarray | None = field(default=None, repr=False)
+    _radix: np.ndarray | None = field(default=None, repr=False)
+    _dict: dict[bytes, int] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rows = np.ascontiguousarray(self.rows, dtype=np.int32)
+        if self.rows.ndim != 2 or self.x.shape[0] != self.rows.shape[0]:
+            raise ValueError("candidate rows and encoding must have the same number of rows")
+        if len(self.rows) == 0:
+            raise ValueError("empty candidate set")
+        radix = (self.rows.max(axis=0).astype(np.int64) + 1) if len(self.rows) else np.ones(0, np.int64)
+        # Mixed-radix integer keys make lookup a vectorised binary search; spaces whose
+        # unrestricted product overflows int64 fall back to a dictionary.
+        if float(np.prod(radix.astype(float))) < 2.0**62:
+            self._radix = radix
+            keys = self._encode_keys(self.rows)
+            self._order = np.argsort(keys, kind="stable")
+            self._keys = keys[self._order]
+        else:
+            self._dict = {r.tobytes(): i for i, r in enumerate(self.rows)}
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.x.shape[1])
+
+    def _encode_keys(self, rows: np.ndarray) -> np.ndarray:
+        assert self._radix is not None
+        keys = np.zeros(len(rows), dtype=np.int64)
+        for j, r in enumerate(self._radix):
+            keys = keys * r + rows[:, j].astype(np.int64)
+        return keys
+
+    def lookup(self, rows: np.ndarray) -> np.ndarray:
+        """Candidate number of each row, -1 where the row is not a candidate."""
+        rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
+        if self._dict is not None:
+            return np.array([self._dict.get(r.tobytes(), -1) for r in rows], dtype=np.int64)
+        assert self._radix is not None and self._keys is not None and self._order is not None
+        inside = np.all((rows >= 0) & (rows < self._radix), axis=1)
+        out = np.full(len(rows), -1, dtype=np.int64)
+        if inside.any():
+            keys = self._encode_keys(rows[inside])
+            pos = np.searchsorted(self._keys, keys).clip(max=len(self._keys) - 1)
+            hit = self._keys[pos] == keys
+            out[np.flatnonzero(inside)[hit]] = self._order[pos[hit]]
+        return out
+
+    def hamming_neighbours(self, row: np.ndarray, *, chunk: int = 262_144) -> np.ndarray:
+        """Candidates that differ from ``row`` in exactly one parameter."""
+        found = []
+        for s in range(0, len(self.rows), chunk):
+            diff = (self.rows[s : s + chunk] != row).sum(axis=1)
+            found.append(np.flatnonzero(diff == 1) + s)
+        return np.concatenate(found)
+
+
+@dataclass
+class History:
+    """Observations in arrival order. ``task`` 0 marks warm-start data from elsewhere."""
+
+    x: np.ndarray  # (m, f)
+    cand: np.ndarray  # (m,) candidate number or -1
+    value: np.ndarray  # (m,) objective (ms), nan when the configuration failed
+    noise: np.ndarray  # (m,) variance of log(value) estimated from repeats (0 if unknown)
+    outcome: list[Outcome]
+    task: np.ndarray  # (m,) 1 = this study, 0 = prior
+
+    @staticmethod
+    def empty(n_features: int) -> History:
+        return History(
+            x=np.zeros((0, n_features)),
+            cand=np.zeros(0, dtype=np.int64),
+            value=np.zeros(0),
+            noise=np.zeros(0),
+            outcome=[],
+            task=np.zeros(0, dtype=np.int8),
+        )
+
+    def __len__(self) -> int:
+        return len(self.outcome)
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return np.isfinite(self.value)
+
+    def prefix(self, m: int) -> History:
+        return History(
+            x=self.x[:m],
+            cand=self.cand[:m],
+            value=self.value[:m],
+            noise=self.noise[:m],
+            outcome=self.outcome[:m],
+            task=self.task[:m],
+        )
+
+    def append(self, x: np.ndarray, cand: int, value: float, noise: float, outcome: Outcome, task: int) -> None:
+        self.x = np.vstack([self.x, x.reshape(1, -1)])
+        self.cand = np.append(self.cand, cand)
+        self.value = np.append(self.value, value)
+        self.noise = np.append(self.noise, noise)
+        self.outcome.append(outcome)
+        self.task = np.append(self.task, np.int8(task))

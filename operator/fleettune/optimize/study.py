@@ -1,0 +1,180 @@
+"""The study: what the operator talks to (configurations in, configurations out)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fleettune_job.protocol import Outcome
+
+from .bayes import BayesOpt
+from .genetic import Genetic
+from .problem import Candidates, History
+from .random_search import RandomSearch
+from .stopping import stop_reason
+from .strategy import Strategy
+
+STRATEGIES: dict[str, Callable[[Candidates, int, dict[str, Any] | None], Strategy]] = {
+    "bayes": BayesOpt,
+    "random": RandomSearch,
+    "genetic": Genetic,
+}
+DEFAULT_STRATEGY = "bayes"
+MAX_ENUMERATED = 2_000_000  # beyond this, candidates are a seeded sample of the valid set
+SAMPLED_CANDIDATES = 200_000
+
+PriorObservation = tuple[dict[str, Any], Outcome, float | None]
+
+
+def log_noise(objective: float, times: Sequence[float]) -> float:
+    """Variance of log(mean time) estimated from the repeats (0 without repeats)."""
+    t = np.asarray([v for v in times if v is not None and math.isfinite(v)], dtype=np.float64)
+    if len(t) < 2 or objective <= 0:
+        return 0.0
+    return float(t.var(ddof=1) / len(t) / objective**2)
+
+
+class Study:
+    """One optimisation (one pool, one problem size) over a search space.
+
+    Deterministic for a seed; a Study rebuilt and fed the same history in the same order
+    suggests the same next configurations. Not bound to a thread, holds no global
+    state; a lock makes concurrent calls on one study safe.
+    """
+
+    def __init__(
+        self,
+        space: Any,
+        strategy: str = DEFAULT_STRATEGY,
+        seed: int = 0,
+        candidates: np.ndarray | None = None,
+        prior: Iterable[PriorObservation] = (),
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; known: {sorted(STRATEGIES)}")
+        self.space = space
+        self.strategy_name = strategy
+        self.seed = int(seed)
+        if candidates is None:
+            candidates = self._default_candidates(space, self.seed)
+        rows = np.asarray(candidates, dtype=np.int32)
+        self.candidates = Candidates(rows, np.asarray(space.encode(rows), dtype=np.float64), list(space.feature_groups))
+        self.strategy = STRATEGIES[strategy](self.candidates, self.seed, options)
+        self.history = History.empty(self.candidates.n_features)
+        self._observed = np.zeros(len(self.candidates), dtype=bool)
+        self._lock = threading.Lock()
+        self._rows: list[np.ndarray] = []  # index row of each observation, for decoding
+        self.n_prior = 0
+        for config, outcome, objective in prior:
+            self._record(config, Outcome(outcome), objective, (), task=0)
+            self.n_prior += 1
+
+    @staticmethod
+    def _default_candidates(space: Any, seed: int) -> np.ndarray:
+        if space.count() <= MAX_ENUMERATED:
+            return np.asarray(space.enumerate())
+        return np.asarray(space.sample(SAMPLED_CANDIDATES, np.random.default_rng([seed, 0xCA4D]), distinct=True))
+
+    # -- observations -----------------------------------------------------------------
+
+    def _record(
+        self, config: dict[str, Any], outcome: Outcome, objective: float | None, times: Sequence[float], task: int
+    ) -> None:
+        if outcome == Outcome.INFRA_ERROR:
+            raise ValueError("infrastructure failures are not observations of the configuration; retry the trial")
+        if outcome == Outcome.OK:
+            if objective is None or not math.isfinite(objective) or objective <= 0:
+                raise ValueError(f"an ok outcome needs a positive objective, got {objective!r}")
+            value, noise = float(objective), log_noise(float(objective), times)
+        else:
+            value, noise = math.nan, 0.0
+        row = np.asarray(self.space.to_rows([config]), dtype=np.int32).reshape(1, -1)
+        cand = int(self.candidates.lookup(row)[0])
+        x = self.candidates.x[cand] if cand >= 0 else np.asarray(self.space.encode(row), dtype=np.float64)[0]
+        self.history.append(x, cand, value, noise, outcome, task)
+        self._rows.append(row[0])
+        if cand >= 0 and task == 1:
+            self._observed[cand] = True
+
+    def observe(
+        self,
+        config: dict[str, Any],
+        outcome: Outcome,
+        objective: float | None = None,
+        times: Sequence[float] = (),
+    ) -> None:
+        """Record one finished trial. ``objective`` in ms for ``Outcome.OK``."""
+        with self._lock:
+            self._record(config, Outcome(outcome), objective, times, task=1)
+
+    # -- suggestions ------------------------------------------------------------------
+
+    def suggest(self, n: int = 1, pending: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+        """``n`` distinct configurations, never observed and not pending (fewer only when
+        the candidates run out)."""
+        with self._lock:
+            pend = np.zeros(0, dtype=np.int64)
+            if pending:
+                rows = np.asarray(self.space.to_rows(list(pending)), dtype=np.int32)
+                pend = self.candidates.lookup(rows)
+                pend = np.unique(pend[pend >= 0])
+            available = ~self._observed
+            available[pend] = False
+            want = min(int(n), int(available.sum()))
+            if want <= 0:
+                return []
+            picks = [int(c) for c in self.strategy.propose(want, self.history, pend, available)]
+            out: list[int] = []
+            for c in picks:  # defensive: a strategy bug must not produce duplicates
+                if 0 <= c < len(available) and available[c] and c not in out:
+                    out.append(c)
+            if len(out) < want:
+                rest = np.flatnonzero(available)
+                rest = rest[~np.isin(rest, out)]
+                rng = np.random.default_rng([self.seed, len(self.history), 0xF111])
+                out.extend(int(c) for c in rng.permutation(rest)[: want - len(out)])
+            return list(self.space.to_configs(self.candidates.rows[np.array(out[:want])]))
+
+    # -- state ------------------------------------------------------------------------
+
+    def _current_values(self) -> np.ndarray:
+        return self.history.value[self.history.task == 1]
+
+    @property
+    def n_observed(self) -> int:
+        return int((self.history.task == 1).sum())
+
+    @property
+    def n_invalid(self) -> int:
+        return int(((self.history.task == 1) & ~self.history.feasible).sum())
+
+    @property
+    def best(self) -> tuple[dict[str, Any], float] | None:
+        mine = np.flatnonzero((self.history.task == 1) & self.history.feasible)
+        if len(mine) == 0:
+            return None
+        i = mine[int(np.argmin(self.history.value[mine]))]
+        config = self.space.to_configs(self._rows[i].reshape(1, -1))[0]
+        return config, float(self.history.value[i])
+
+    def should_stop(
+        self,
+        budget: int | None = None,
+        patience: int | None = None,
+        target: float | None = None,
+        deadline: float | None = None,
+    ) -> str | None:
+        """Reason to stop ("budget", "patience", "target", "deadline", "exhausted") or None."""
+        return stop_reason(
+            self._current_values(),
+            budget=budget,
+            patience=patience,
+            target=target,
+            deadline=deadline,
+            exhausted=not (~self._observed).any(),
+        )
