@@ -1,0 +1,23 @@
+# The operator image: slim, pinned, non-root, CPU-only torch, no build tools in the final stage.
+# Build from the repository root: docker build -t fleettune/operator:0.1.0 .
+FROM python:3.11.10-slim-bookworm AS build
+# CPU-only PyTorch wheels: the default index's Linux build drags in GBs of CUDA libraries
+# the operator never uses (it only fits small Gaussian processes).
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.15.0
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+COPY job_image/fleettune_job ./job_image/fleettune_job
+RUN pip install . && python -c "import fleettune.controller.handlers"
+
+FROM python:3.11.10-slim-bookworm
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+USER 10001:10001
+EXPOSE 8080 8081
+ENTRYPOINT ["fleettune", "operator", "--liveness", "http://0.0.0.0:8081/healthz"]
