@@ -1,0 +1,197 @@
+"""Run one trial on the GPU: find the device, compile, launch, verify, time.
+
+Phases run in a fixed order and every exception is classified by the phase it escaped
+from (see :mod:`fleettune_job.classify`). cupy is imported here lazily, inside
+functions, so that the package imports on machines without CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fleettune_job.classify import NoGpu, Phase, WrongResult, classify, short
+from fleettune_job.fingerprint import device_fingerprint, device_limits
+from fleettune_job.kernels.base import compare
+from fleettune_job.prepare import Prepared, prepare
+from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
+from fleettune_job.timing import cuda_event_timer, measure, reported, summarize
+
+# Same data for every trial of a run, so that every configuration solves the same problem.
+DATA_SEED = 20240607
+# Share of the timeout after which extra repeats for min_duration_s stop.
+MEASURE_BUDGET = 0.8
+
+Progress = Callable[[Phase, Fingerprint], None]
+
+# Compiled modules of this process, keyed by source, options and function. Across
+# processes cupy's own disk cache (CUPY_CACHE_DIR) avoids recompiling.
+_MODULES: dict[tuple[str, tuple[str, ...], str], tuple[Any, Any]] = {}
+
+
+def log(message: str) -> None:
+    print(f"fleettune-job: {message}", file=sys.stderr, flush=True)
+
+
+def load_cupy() -> Any:
+    """cupy with at least one usable CUDA device, or :class:`NoGpu` saying why not."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA library raising at import
+        raise NoGpu(f"no GPU: cupy cannot be imported ({type(exc).__name__}: {exc})") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise NoGpu(f"no GPU: the CUDA runtime finds no usable device ({exc})") from None
+    if count < 1:
+        raise NoGpu("no GPU: no CUDA device is visible to this container")
+    return cupy
+
+
+def compile_kernel(cupy: Any, prepared: Prepared) -> tuple[Any, Any, bool]:
+    """(module, kernel, cached). Module load happens here too, so loader errors
+    (PTX JIT, too much shared memory) surface in the compile phase."""
+    key = (hashlib.sha256(prepared.source.encode()).hexdigest(), prepared.options, prepared.function)
+    hit = _MODULES.get(key)
+    if hit is not None:
+        return hit[0], hit[1], True
+    module = cupy.RawModule(code=prepared.source, options=prepared.options)
+    kernel = module.get_function(prepared.function)
+    _MODULES[key] = (module, kernel)
+    return module, kernel, False
+
+
+def kernel_resources(kernel: Any) -> dict[str, int]:
+    out = {}
+    for attr in ("num_regs", "shared_size_bytes", "local_size_bytes", "max_threads_per_block"):
+        try:
+            out[attr] = int(getattr(kernel, attr))
+        except Exception:  # attribute missing in this cupy, or the context is gone
+            continue
+    return out
+
+
+def describe_launch(prepared: Prepared, resources: dict[str, int]) -> str:
+    g, b = prepared.grid, prepared.block
+    text = f"grid {g[0]}x{g[1]}x{g[2]}, block {b[0]}x{b[1]}x{b[2]} = {prepared.threads_per_block} threads"
+    if "max_threads_per_block" in resources:
+        text += f"; kernel allows at most {resources['max_threads_per_block']} threads per block"
+    if "num_regs" in resources:
+        text += f", uses {resources['num_regs']} registers/thread"
+    if "shared_size_bytes" in resources:
+        text += f", {resources['shared_size_bytes']} B static shared memory"
+    return text
+
+
+@dataclass
+class _State:
+    phase: Phase = Phase.DEVICE
+    fingerprint: Fingerprint = field(default_factory=Fingerprint)
+    compile_s: float | None = None
+    context: str = ""
+
+
+def run_trial(trial: Trial, progress: Progress | None = None,
+              clock: Callable[[], float] = time.monotonic) -> TrialResult:
+    """Run ``trial`` and return its result; never raises for a failure of the trial."""
+    started = clock()
+    state = _State()
+
+    def enter(phase: Phase) -> None:
+        state.phase = phase
+        if progress is not None:
+            progress(phase, state.fingerprint)
+
+    try:
+        enter(Phase.DEVICE)
+        cupy = load_cupy()
+        state.fingerprint = device_fingerprint(cupy)
+        log(f"device {state.fingerprint.product} (sm {state.fingerprint.compute_capability}, "
+            f"driver {state.fingerprint.driver_version}, CUDA runtime {state.fingerprint.cuda_runtime_version}; "
+            f"{device_limits(cupy)})")
+        enter(Phase.SETUP)
+        prepared = prepare(trial)
+        log(f"trial {trial.run}/{trial.target}#{trial.index}: {prepared.label} {prepared.config} "
+            f"problem {list(prepared.problem_size)}")
+        return _execute(cupy, trial, prepared, state, enter, started, clock)
+    except Exception as exc:
+        outcome, text = classify(exc, state.phase)
+        if state.context and outcome in (Outcome.LAUNCH_ERROR, Outcome.RUNTIME_ERROR):
+            text = short(f"{text} ({state.context})")
+        log(f"{outcome}: {text}")
+        return TrialResult(outcome=outcome, error=text, fingerprint=state.fingerprint,
+                           compile_s=state.compile_s)
+
+
+def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
+             enter: Callable[[Phase], None], started: float, clock: Callable[[], float]) -> TrialResult:
+    enter(Phase.COMPILE)
+    t0 = clock()
+    module, kernel, cached = compile_kernel(cupy, prepared)
+    state.compile_s = round(clock() - t0, 3)
+    resources = kernel_resources(kernel)
+    state.context = describe_launch(prepared, resources)
+    log(f"compiled in {state.compile_s} s{' (in-process cache)' if cached else ''}: {resources}")
+
+    enter(Phase.ALLOCATE)
+    problem = prepared.problem
+    rng = np.random.default_rng(DATA_SEED)
+    inputs = {t.name: cupy.asarray(problem.fill(t, rng))
+              for t in problem.inputs(prepared.problem_size, prepared.config)}
+    out_t = problem.output(prepared.problem_size)
+    # NaN marks elements the kernel never writes, so verification cannot pass by luck.
+    output = cupy.full(out_t.shape, np.nan, dtype=cupy.float32)
+    args = (output, *inputs.values())
+
+    enter(Phase.COMPILE)
+    for symbol, tensor in problem.constants(prepared.config).items():
+        memptr = module.get_global(symbol)
+        src = inputs[tensor]
+        memptr.copy_from_device(src.data, src.nbytes)
+
+    def launch() -> None:
+        kernel(prepared.grid, prepared.block, args)
+
+    enter(Phase.LAUNCH)
+    run_started = clock()
+    launch()
+    enter(Phase.RUN)
+    cupy.cuda.runtime.deviceSynchronize()
+
+    enter(Phase.VERIFY)
+    expected = problem.reference(cupy, inputs, prepared.problem_size)
+    mismatch = compare(cupy, output, expected, problem.tolerance(prepared.problem_size, prepared.config))
+    del expected
+    if mismatch:
+        raise WrongResult(f"wrong result: {mismatch}")
+
+    enter(Phase.TIME)
+    times = measure(
+        launch,
+        cuda_event_timer(cupy),
+        warmups=trial.warmups,
+        repeats=trial.repeats,
+        min_duration_s=trial.min_duration_s,
+        deadline=started + MEASURE_BUDGET * trial.timeout_s,
+        clock=clock,
+    )
+    stats = summarize(times)
+    flops = problem.flops(prepared.problem_size, prepared.config)
+    rate = f", {flops / stats.median / 1e6:.1f} GFLOP/s" if flops and stats.median > 0 else ""
+    log(f"timed: {stats.line()}{rate}")
+    if not stats.median > 0:
+        raise RuntimeError(f"CUDA events returned a non-positive median time {stats.median}")
+    return TrialResult(
+        outcome=Outcome.OK,
+        objective=stats.median,
+        times=reported(times),
+        fingerprint=state.fingerprint,
+        compile_s=state.compile_s,
+        run_s=round(clock() - run_started, 3),
+    )
