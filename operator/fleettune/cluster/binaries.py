@@ -25,13 +25,14 @@ HELM_VERSION = "v3.19.5"
 
 # The staging modules of k8s.io/kubernetes 1.34 (from its go.mod `=> ./staging` lines).
 _STAGING = (
-    "api apiextensions-apiserver apimachinery apiserver cli-runtime client-go "
-    "cloud-provider cluster-bootstrap code-generator component-base component-helpers "
-    "controller-manager cri-api cri-client csi-translation-lib dynamic-resource-allocation "
-    "endpointslice externaljwt kms kube-aggregator kube-controller-manager kube-proxy "
-    "kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission "
-    "sample-apiserver sample-cli-plugin sample-controller"
-).split()
+    "api", "apiextensions-apiserver", "apimachinery", "apiserver", "cli-runtime", "client-go",
+    "cloud-provider", "cluster-bootstrap", "code-generator", "component-base", "component-helpers",
+    "controller-manager", "cri-api", "cri-client", "csi-translation-lib",
+    "dynamic-resource-allocation", "endpointslice", "externaljwt", "kms", "kube-aggregator",
+    "kube-controller-manager", "kube-proxy", "kube-scheduler", "kubectl", "kubelet", "metrics",
+    "mount-utils", "pod-security-admission", "sample-apiserver", "sample-cli-plugin",
+    "sample-controller",
+)
 
 KUBE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
@@ -83,10 +84,18 @@ def _run(cmd: list[str], cwd: Path, progress: Progress, label: str) -> None:
     )
     assert proc.stdout is not None
     tail: list[str] = []
+    built = 0
+    last_report = started
     for line in proc.stdout:
-        tail = (tail + [line.rstrip()])[-40:]
+        tail = [*tail[-39:], line.rstrip()]
         if line.startswith("go: downloading"):
             progress(f"{label}: {line.strip()}")
+        elif not line.startswith(("#", " ", "\t")) and "/" in line and " " not in line.strip():
+            # `go build -v` names each package as it is compiled: a heartbeat for long builds.
+            built += 1
+            if time.monotonic() - last_report >= 30:
+                last_report = time.monotonic()
+                progress(f"{label}: {built} packages compiled, {last_report - started:.0f}s elapsed")
     if proc.wait() != 0:
         raise RuntimeError(f"{label} failed ({' '.join(cmd)}):\n" + "\n".join(tail))
     progress(f"{label}: done in {time.monotonic() - started:.0f}s")
@@ -114,7 +123,14 @@ def _ldflags_kube() -> str:
 
 
 def _build_module(
-    work: Path, gomod: str, packages: list[str], out: Path, ldflags: str, progress: Progress, label: str
+    work: Path,
+    gomod: str,
+    packages: list[str],
+    out: Path,
+    ldflags: str,
+    progress: Progress,
+    label: str,
+    finish: Callable[[Path], None] | None = None,
 ) -> None:
     work.mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text(gomod)
@@ -129,11 +145,13 @@ def _build_module(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     _run(
-        ["go", "build", "-pgo=off", "-ldflags", ldflags, "-o", str(tmp) + "/", *packages],
+        ["go", "build", "-v", "-pgo=off", "-ldflags", ldflags, "-o", str(tmp) + "/", *packages],
         work,
         progress,
         f"{label} (compile)",
     )
+    if finish is not None:
+        finish(tmp)
     # Rename last so an interrupted build never leaves a half-filled cache entry behind.
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -150,26 +168,45 @@ def _ensure_kube(root: Path, progress: Progress) -> Path:
 
 def _ensure_etcd(root: Path, progress: Progress) -> Path:
     out = root / "bin" / f"etcd-{ETCD_VERSION}"
-    if (out / "server").exists():
-        return out / "server"
+    # `go build -o dir/` names the binary after the package's last path element, `server`.
+    if (out / "server").exists() and not (out / "etcd").exists():
+        (out / "server").rename(out / "etcd")
+    if (out / "etcd").exists():
+        return out / "etcd"
+
+    def rename(tmp: Path) -> None:
+        (tmp / "server").rename(tmp / "etcd")
+
     # A separate module: k8s.io/apiserver requires etcd server 3.6, which MVS would impose.
     gomod = f"module local.test/etcdbin\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
-    _build_module(root / "src" / "etcdbin", gomod, ["go.etcd.io/etcd/server/v3"], out, "-s -w", progress, "etcd")
-    return out / "server"
+    _build_module(
+        root / "src" / "etcdbin", gomod, ["go.etcd.io/etcd/server/v3"], out, "-s -w", progress, "etcd", rename
+    )
+    return out / "etcd"
 
 
 def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
     out = root / "bin" / f"kwok-{KWOK_VERSION}"
+    work = root / "src" / "kwokbin"
+
+    def copy_stages(dest: Path) -> None:
+        # plain `kwok` ships no stages (only kwokctl injects them): keep the release's stage
+        # YAML next to the binary, so the cache entry works without the module cache.
+        shutil.copytree(_kwok_module_dir(work) / "kustomize" / "stage", dest / "stages",
+                        ignore=shutil.ignore_patterns("*.go", "testdata"))
+
     if not (out / "kwok").exists():
         gomod = f"module local.test/kwokbin\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
-        _build_module(root / "src" / "kwokbin", gomod, ["sigs.k8s.io/kwok/cmd/kwok"], out, "-s -w", progress, "kwok")
-    return out / "kwok", _kwok_module_dir(root)
+        _build_module(work, gomod, ["sigs.k8s.io/kwok/cmd/kwok"], out, "-s -w", progress, "kwok", copy_stages)
+    elif not (out / "stages").is_dir():
+        copy_stages(out)
+    return out / "kwok", out / "stages"
 
 
-def _kwok_module_dir(root: Path) -> Path:
+def _kwok_module_dir(work: Path) -> Path:
     proc = subprocess.run(
         ["go", "list", "-m", "-f", "{{.Dir}}", f"sigs.k8s.io/kwok@{KWOK_VERSION}"],
-        cwd=root / "src" / "kwokbin",
+        cwd=work,
         env=_go_env(),
         capture_output=True,
         text=True,
@@ -185,9 +222,9 @@ def ensure_binaries(progress: Progress | None = None) -> Binaries:
         raise RuntimeError("Go is required to build the control plane (https://go.dev/dl)")
     root = cache_root()
     etcd = _ensure_etcd(root, say)
-    kwok, kwok_src = _ensure_kwok(root, say)
+    kwok, kwok_stages = _ensure_kwok(root, say)
     kube = _ensure_kube(root, say)
-    return Binaries(kube_dir=kube, etcd=etcd, kwok=kwok, kwok_stages=kwok_src / "kustomize" / "stage")
+    return Binaries(kube_dir=kube, etcd=etcd, kwok=kwok, kwok_stages=kwok_stages)
 
 
 if __name__ == "__main__":
