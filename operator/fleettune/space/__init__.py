@@ -1,0 +1,27 @@
+"""Search spaces: typed parameters, safe constraints, device limits, enumeration, sampling, encodings.
+
+    from fleettune.space import SearchSpace, SpaceError, DeviceLimits, lookup_device
+    space = SearchSpace.from_spec(spec.parameters, spec.constraints, lookup_device(product=label))
+    rows = space.enumerate()            # int32 index rows
+    space.to_configs(rows[:3])          # [{"block_size_x": 32, ...}, ...]
+
+Interop with Kernel Tuner caches, T4 results and T1 specs lives in `fleettune.space.interop`.
+"""
+
+from fleettune.space.devices import KNOWN_DEVICES, DeviceLimits, lookup_device
+from fleettune.space.errors import SpaceError
+from fleettune.space.expr import Constraint, parse_constraint
+from fleettune.space.params import Parameter, parse_parameter
+from fleettune.space.space import SearchSpace
+
+__all__ = [
+    "KNOWN_DEVICES",
+    "Constraint",
+    "DeviceLimits",
+    "Parameter",
+    "SearchSpace",
+    "SpaceError",
+    "lookup_device",
+    "parse_constraint",
+    "parse_parameter",
+]
