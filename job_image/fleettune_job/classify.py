@@ -116,6 +116,8 @@ def short(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 _COMPILER_LINE = re.compile(r"(error|ptxas|#error|static assertion)", re.IGNORECASE)
 _PATH_PREFIX = re.compile(r"^\S*?([A-Za-z0-9_.-]+\.cu)\((\d+)\):\s*")
+_ANY_PATH = re.compile(r"(?:/[^/\s\"']+)+/([^/\s\"']+)")
+_ERROR_COUNT = re.compile(r"^\d+ errors? detected")
 
 
 def compiler_summary(log: str, max_lines: int = 3) -> str:
@@ -123,9 +125,10 @@ def compiler_summary(log: str, max_lines: int = 3) -> str:
     picked = []
     for raw in log.splitlines():
         line = raw.strip()
-        if not line or not _COMPILER_LINE.search(line):
+        if not line or not _COMPILER_LINE.search(line) or _ERROR_COUNT.search(line):
             continue
         line = _PATH_PREFIX.sub(lambda m: f"line {m.group(2)}: ", line)
+        line = _ANY_PATH.sub(lambda m: m.group(1), line)
         picked.append(line)
         if len(picked) == max_lines:
             break

@@ -151,7 +151,15 @@ class KernelDescriptor:
         return merged
 
     def violations(self, config: Mapping[str, int], problem_size: Sequence[int]) -> list[Constraint]:
-        return [c for c in self.constraints if c.enforced and not c.holds(config, problem_size)]
+        """The first enforced constraint that fails, in declaration order.
+
+        Stopping there matters: later constraints may divide by sizes an earlier one
+        already found to be zero.
+        """
+        for c in self.constraints:
+            if c.enforced and not c.holds(config, problem_size):
+                return [c]
+        return []
 
     def launch_geometry(
         self, config: Mapping[str, int], problem_size: Sequence[int]

@@ -1,0 +1,237 @@
+"""The runner's phases and failure handling, on a numpy-backed stand-in for cupy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fleettune_job import fingerprint, runner
+from fleettune_job.classify import NoGpu, Phase
+from fleettune_job.protocol import KernelRef, Outcome, Trial, decode
+
+Behaviour = Callable[[tuple[int, ...], tuple[int, ...], tuple[Any, ...]], None]
+
+
+class CompileException(Exception):
+    def get_message(self) -> str:
+        return str(self.args[0])
+
+
+class CUDADriverError(RuntimeError):
+    pass
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+class FakeKernel:
+    num_regs = 40
+    max_threads_per_block = 1024
+    shared_size_bytes = 0
+
+    def __init__(self, behaviour: Behaviour) -> None:
+        self.behaviour = behaviour
+        self.calls = 0
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...]) -> None:
+        self.calls += 1
+        self.behaviour(grid, block, args)
+
+
+class FakeMemPtr:
+    def __init__(self) -> None:
+        self.value: np.ndarray | None = None
+
+    def copy_from_device(self, src: Any, nbytes: int) -> None:
+        self.value = np.frombuffer(src, dtype=np.float32, count=nbytes // 4).copy()
+
+
+class FakeCupy:
+    """numpy under cupy's names, plus the cuda.* surface the runner uses."""
+
+    def __init__(self, behaviour: Behaviour, compile_error: str | None = None,
+                 sync_error: Exception | None = None) -> None:
+        self.kernel = FakeKernel(behaviour)
+        self.options: tuple[str, ...] = ()
+        self.globals: dict[str, FakeMemPtr] = {}
+        fake = self
+
+        class RawModule:
+            def __init__(self, code: str, options: tuple[str, ...]) -> None:
+                fake.options = options
+                if compile_error:
+                    raise CompileException(compile_error)
+
+            def get_function(self, name: str) -> FakeKernel:
+                return fake.kernel
+
+            def get_global(self, name: str) -> FakeMemPtr:
+                return fake.globals.setdefault(name, FakeMemPtr())
+
+        def synchronize() -> None:
+            if sync_error is not None:
+                raise sync_error
+
+        class Event:
+            def record(self, stream: Any = None) -> None:
+                pass
+
+            def synchronize(self) -> None:
+                pass
+
+        props = {"name": b"Fake GPU", "major": 8, "minor": 6, "multiProcessorCount": 10,
+                 "totalGlobalMem": 8 << 30, "maxThreadsPerBlock": 1024}
+        self.RawModule = RawModule
+        self.cuda = SimpleNamespace(
+            runtime=SimpleNamespace(getDeviceCount=lambda: 1, getDeviceProperties=lambda i: props,
+                                    runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12040,
+                                    deviceSynchronize=synchronize),
+            Event=Event,
+            get_elapsed_time=lambda start, end: 1.5,
+            get_current_stream=lambda: None,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+
+def scan_correct(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
+    args[0][...] = np.cumsum(args[1], axis=1)
+
+
+def trial(name: str = "scan", config: dict[str, Any] | None = None, problem_size: list[int] | None = None,
+          **kw: Any) -> Trial:
+    return Trial(run="run", target="rtx", index=1, kernel=KernelRef(builtin=name), config=config or {},
+                 problem_size=problem_size or [64, 3], **kw)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "_MODULES", {})
+    monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
+
+
+def use(monkeypatch: pytest.MonkeyPatch, fake: FakeCupy) -> FakeCupy:
+    monkeypatch.setattr(runner, "load_cupy", lambda: fake)
+    monkeypatch.setattr(runner, "_MODULES", {})  # modules of an earlier fake must not be reused
+    return fake
+
+
+def test_ok_trial_reports_median_times_and_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = use(monkeypatch, FakeCupy(scan_correct))
+    phases: list[Phase] = []
+    result = runner.run_trial(trial(warmups=2, repeats=5), progress=lambda p, fp: phases.append(p))
+    assert result.outcome == Outcome.OK, result.error
+    assert result.objective == 1.5 and result.times == [1.5] * 5
+    assert result.fingerprint.product == "Fake GPU" and result.fingerprint.driver_version == "550.54.15"
+    assert result.compile_s is not None and result.exit_code == 0
+    assert fake.kernel.calls == 1 + 2 + 5  # verification run, warm-ups, repeats
+    assert "-Drow_length=64" in fake.options and "-Dnum_rows=3" in fake.options
+    assert phases == [Phase.DEVICE, Phase.SETUP, Phase.COMPILE, Phase.ALLOCATE, Phase.COMPILE,
+                      Phase.LAUNCH, Phase.RUN, Phase.VERIFY, Phase.TIME]
+    assert decode(result.encode()) == result
+
+
+def test_constant_memory_is_filled_before_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleettune_job.kernels import BUILTINS
+
+    problem = BUILTINS["convolution"].problem
+    seen: dict[str, Any] = {}
+
+    def conv(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
+        seen["filter"] = fake.globals["d_filter"].value
+        args[0][...] = problem.reference(np, {"input_image": args[1], "d_filter": args[2]}, [40, 20])
+
+    fake = use(monkeypatch, FakeCupy(conv))
+    result = runner.run_trial(trial("convolution", {"filter_height": 3, "filter_width": 3}, [40, 20]))
+    assert result.outcome == Outcome.OK, result.error
+    assert seen["filter"] is not None and seen["filter"].shape == (9,)
+
+
+def test_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, FakeCupy(scan_correct, compile_error="k.cu(3): error: expected a ;"))
+    result = runner.run_trial(trial())
+    assert result.outcome == Outcome.COMPILE_ERROR and result.exit_code == 10
+    assert "line 3: error: expected a ;" in result.error
+    assert result.fingerprint.product == "Fake GPU"
+
+
+def test_launch_error_names_the_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(grid: Any, block: Any, args: Any) -> None:
+        raise CUDADriverError("CUDA_ERROR_INVALID_VALUE: invalid argument")
+
+    use(monkeypatch, FakeCupy(refuse))
+    result = runner.run_trial(trial(config={"block_size_x": 1024, "rows_per_block": 2}))
+    assert result.outcome == Outcome.LAUNCH_ERROR and result.exit_code == 11
+    assert "block 1024x2x1 = 2048 threads" in result.error
+    assert "at most 1024 threads per block" in result.error and "40 registers" in result.error
+
+
+def test_runtime_error_at_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+    use(monkeypatch, FakeCupy(scan_correct, sync_error=err))
+    result = runner.run_trial(trial())
+    assert result.outcome == Outcome.RUNTIME_ERROR and result.exit_code == 12
+    assert "illegal memory access" in result.error
+
+
+def test_wrong_and_unwritten_results_are_correctness_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    def off_by_one(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
+        scan_correct(grid, block, args)
+        args[0][2, 10] += 1
+
+    use(monkeypatch, FakeCupy(off_by_one))
+    result = runner.run_trial(trial())
+    assert result.outcome == Outcome.CORRECTNESS_ERROR and result.exit_code == 13
+    assert "1 of 192 elements wrong" in result.error and "[2, 10]" in result.error
+
+    use(monkeypatch, FakeCupy(lambda grid, block, args: None))
+    result = runner.run_trial(trial())
+    assert result.outcome == Outcome.CORRECTNESS_ERROR and "192 never written" in result.error
+
+
+def test_invalid_configuration_is_reported_with_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = use(monkeypatch, FakeCupy(scan_correct))
+    result = runner.run_trial(trial(config={"items_per_thread": 3, "vector_width": 2}))
+    assert result.outcome == Outcome.COMPILE_ERROR and "items_per_thread % vector_width" in result.error
+    assert result.fingerprint.product == "Fake GPU" and fake.kernel.calls == 0
+
+
+def test_no_gpu_is_an_infrastructure_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_gpu() -> Any:
+        raise NoGpu("no GPU: no CUDA device is visible to this container")
+
+    monkeypatch.setattr(runner, "load_cupy", no_gpu)
+    result = runner.run_trial(trial())
+    assert result.outcome == Outcome.INFRA_ERROR and result.exit_code == 20
+    assert result.error.startswith("no GPU")
+
+
+def test_load_cupy_on_this_machine_says_why_there_is_no_gpu() -> None:
+    try:
+        runner.load_cupy()
+    except NoGpu as exc:
+        assert str(exc).startswith("no GPU")
+    else:
+        pytest.skip("a CUDA device is present")
+
+
+def test_compiled_modules_are_cached_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = use(monkeypatch, FakeCupy(scan_correct))
+    constructed: list[tuple[str, ...]] = []
+    original = fake.RawModule
+
+    def counting(code: str, options: tuple[str, ...]) -> Any:
+        constructed.append(options)
+        return original(code, options)
+
+    fake.RawModule = counting
+    for _ in range(2):
+        assert runner.run_trial(trial()).outcome == Outcome.OK
+    assert runner.run_trial(trial(config={"items_per_thread": 8})).outcome == Outcome.OK
+    assert len(constructed) == 2
