@@ -130,10 +130,11 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
-def supervise(trial: Trial, python: str = sys.executable, worker_module: str = WORKER_MODULE,
+def supervise(trial: Trial, python: str = sys.executable, worker_module: str | None = None,
               extra_env: Mapping[str, str] | None = None) -> TrialResult:
     """Run the trial in a worker process; kill it at ``trial.timeout_s``."""
     deadline = time.monotonic() + trial.timeout_s
+    worker_module = worker_module or WORKER_MODULE
     with tempfile.TemporaryDirectory(prefix="fleettune-") as tmp:
         result_file = Path(tmp, "result.json")
         progress_file = Path(tmp, "progress.json")
