@@ -130,7 +130,12 @@ class Solver:
         self._cuts: list[tuple[int, list[tuple[tuple[int, ...], np.ndarray]]]] = []
         self.superset_count = self._eliminate(factors)
         self._weights: dict[int, np.ndarray] = {}
+        self._factor_scopes = [f.scope for f in factors]
         self._residual_level = [max(self._position[v] for v in r.scope) if r.scope else 0 for r in self.residuals]
+        # A residual is checked right after its last-bound variable is expanded (push-down).
+        self._residuals_at: dict[int, list[Residual]] = {}
+        for r, lvl in zip(self.residuals, self._residual_level, strict=True):
+            self._residuals_at.setdefault(self.levels[lvl], []).append(r)
 
     # -- elimination ---------------------------------------------------------------------------
     def _eliminate(self, factors: Sequence[Factor]) -> int:
@@ -175,47 +180,58 @@ class Solver:
             return np.broadcast_to(table, (m, table.shape[-1]))
         return table[tuple(cols[o] for o in others)]
 
-    def _check_residuals(self, level: int, cols: dict[int, np.ndarray], m: int) -> np.ndarray | None:
+    def _check_residuals(self, var: int, cols: dict[int, np.ndarray], m: int) -> np.ndarray | None:
         keep: np.ndarray | None = None
-        for r, lvl in zip(self.residuals, self._residual_level, strict=True):
-            if lvl == level:
-                ok = r.check(cols, m)
-                keep = ok if keep is None else keep & ok
+        for r in self._residuals_at.get(var, ()):
+            ok = r.check(cols, m)
+            keep = ok if keep is None else keep & ok
         return keep
 
     # -- enumeration ---------------------------------------------------------------------------
-    def iter_blocks(self, depth: int | None = None,
-                    chunk: int = CHUNK_ROWS) -> Iterator[tuple[dict[int, np.ndarray], int]]:
-        """Blocks of valid partial rows over ``levels[:depth]`` (all levels by default), in order."""
-        depth = self.nvars if depth is None else depth
+    @property
+    def free_vars(self) -> list[int]:
+        """Variables no constraint mentions: a plain Cartesian factor of the valid set."""
+        bound = {v for f in self._factor_scopes for v in f} | {v for r in self.residuals for v in r.scope}
+        return [v for v in range(self.nvars) if v not in bound]
+
+    def iter_blocks(self, depth: int | None = None, chunk: int = CHUNK_ROWS,
+                    skip_free: bool = False) -> Iterator[tuple[dict[int, np.ndarray], int]]:
+        """Blocks of valid partial rows over ``levels[:depth]`` (all levels by default), in order.
+
+        With ``skip_free`` the unconstrained variables are left out (the caller multiplies them in).
+        """
+        levels = self.levels[: self.nvars if depth is None else depth]
+        if skip_free:
+            free = set(self.free_vars)
+            levels = [v for v in levels if v not in free]
         if self.superset_count == 0:
             return
-        if depth == 0:
+        if not levels:
             yield {}, 1
             return
-        yield from self._expand({}, 1, 0, depth, chunk)
+        yield from self._expand({}, 1, levels, 0, chunk)
 
-    def _expand(self, cols: dict[int, np.ndarray], m: int, level: int, depth: int,
+    def _expand(self, cols: dict[int, np.ndarray], m: int, levels: list[int], level: int,
                 chunk: int) -> Iterator[tuple[dict[int, np.ndarray], int]]:
-        v = self.levels[level]
+        v = levels[level]
         mask = self._bucket_rows(v, cols, m) > 0
         rows, vals = np.nonzero(mask)
         new = {u: c[rows] for u, c in cols.items()}
         new[v] = vals.astype(index_dtype(self.sizes[v]))
         n = rows.size
-        keep = self._check_residuals(level, new, n)
+        keep = self._check_residuals(v, new, n)
         if keep is not None:
             new = {u: c[keep] for u, c in new.items()}
             n = int(keep.sum())
         if n == 0:
             return
-        if level + 1 == depth:
+        if level + 1 == len(levels):
             yield new, n
             return
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             part = new if (start == 0 and stop == n) else {u: c[start:stop] for u, c in new.items()}
-            yield from self._expand(part, stop - start, level + 1, depth, chunk)
+            yield from self._expand(part, stop - start, levels, level + 1, chunk)
 
     def count(self) -> int:
         """Exact number of valid configurations (residual constraints included)."""

@@ -30,6 +30,7 @@ from fleettune.space.params import Parameter, parse_parameter
 
 # enumerate() refuses to build an array larger than this; use limit= or sample() instead.
 MAX_ENUMERATE_BYTES = 8 << 30
+_SLAB = 1 << 14
 
 
 class SearchSpace:
@@ -185,34 +186,49 @@ class SearchSpace:
         d = len(self.sizes)
         if limit is not None and limit <= 0:
             return np.zeros((0, d), dtype=np.int32)
+        # Unconstrained parameters are a plain Cartesian factor: enumerate the constrained core
+        # and write the free columns once per output block instead of carrying them through
+        # every expansion step.
+        free = self._solver.free_vars
+        fsizes = [self.sizes[j] for j in free]
+        nfree = math.prod(fsizes)
+        pattern = np.indices(fsizes).reshape(len(free), -1).T.astype(np.int32) if free else None
         known = self._count if not self._solver.residuals or "_count" in self.__dict__ else None
-        if known is not None:
-            n = known if limit is None else min(known, limit)
-            if n * d * 4 > MAX_ENUMERATE_BYTES:
-                raise SpaceError("enumerate", f"{n} valid configurations are too many to hold in memory; "
-                                              "pass limit= or use sample()")
-            out = np.empty((n, d), dtype=np.int32)
-            pos = 0
-            for cols, m in self._solver.iter_blocks():
-                take = min(m, n - pos)
-                for j in range(d):
-                    out[pos: pos + take, j] = cols[j][:take]
-                pos += take
-                if pos >= n:
-                    break
-            return out
+        cap = (known if limit is None else min(known, limit)) if known is not None else limit
+        if cap is not None and cap * d * 4 > MAX_ENUMERATE_BYTES:
+            raise SpaceError("enumerate", f"{cap} valid configurations are too many to hold in memory; "
+                                          "pass limit= or use sample()")
         blocks: list[np.ndarray] = []
-        got = 0
-        for cols, m in self._solver.iter_blocks():
-            blocks.append(self._rows_from_cols(cols, m))
-            got += m
-            if got * d * 4 > MAX_ENUMERATE_BYTES:
+        out = np.empty((cap, d), dtype=np.int32) if cap is not None else None
+        pos = 0
+        core_chunk = max(1, CHUNK_ROWS // nfree)
+        for cols, m in self._solver.iter_blocks(chunk=core_chunk, skip_free=True):
+            take = m * nfree
+            if cap is not None:
+                take = min(take, cap - pos)
+            block = out[pos: pos + take] if out is not None else np.empty((take, d), dtype=np.int32)
+            # Fill in cache-sized slabs: column writes into a row-major array are strided, and
+            # doing them slab by slab keeps the rows in cache.
+            for s0 in range(0, take, _SLAB):
+                s1 = min(take, s0 + _SLAB)
+                slab = block[s0:s1]
+                at = np.arange(s0, s1)
+                core_at = at // nfree if nfree > 1 else at
+                for j, c in cols.items():
+                    slab[:, j] = c[core_at]
+                if pattern is not None:
+                    slab[:, free] = pattern[at % nfree]
+            if out is None:
+                blocks.append(block)
+            pos += take
+            if pos * d * 4 > MAX_ENUMERATE_BYTES:
                 raise SpaceError("enumerate", "too many valid configurations to hold in memory; pass limit= "
                                               "or use sample()")
-            if limit is not None and got >= limit:
+            if cap is not None and pos >= cap:
                 break
-        rows = np.concatenate(blocks) if blocks else np.zeros((0, d), dtype=np.int32)
-        return rows[:limit] if limit is not None else rows
+        if out is not None:
+            return out[:pos]
+        return np.concatenate(blocks) if blocks else np.zeros((0, d), dtype=np.int32)
 
     def _draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` independent uniform draws (with replacement) from the valid configurations."""
