@@ -84,11 +84,12 @@ def plan_elimination(sizes: Sequence[int], scopes: Sequence[Sequence[int]]) -> t
     return order, largest
 
 
-def choose_residuals(sizes: Sequence[int], scopes: Sequence[Sequence[int]], limit: int = BUCKET_LIMIT) -> list[bool]:
+def choose_residuals(sizes: Sequence[int], scopes: Sequence[Sequence[int]], limit: int | None = None) -> list[bool]:
     """Which scopes to leave out of elimination (True = residual) so no bucket exceeds ``limit``.
 
     Small scopes are admitted first: they prune most per entry and rarely widen buckets.
     """
+    limit = BUCKET_LIMIT if limit is None else limit
     residual = [True] * len(scopes)
     admitted: list[Sequence[int]] = []
     for i in sorted(range(len(scopes)), key=lambda i: (math.prod(sizes[v] for v in scopes[i]), i)):

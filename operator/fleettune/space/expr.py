@@ -187,6 +187,14 @@ class _Compiler:
         return (lambda env: (column[env[name]], None)), "num"
 
     # -- operators -----------------------------------------------------------------------------
+    def _Tuple(self, node: ast.Tuple, depth: int) -> tuple[Compiled, str]:
+        for elt in node.elts:
+            if isinstance(elt, ast.Starred):
+                raise self.error(elt, "starred expressions not allowed in constraints")
+        raise self.error(node, "a tuple is only allowed after 'in' (x in (1, 2)) or compared with a permutation")
+
+    _List = _Tuple
+
     def _UnaryOp(self, node: ast.UnaryOp, depth: int) -> tuple[Compiled, str]:
         fn, kind = self.compile(node.operand, depth)
         if isinstance(node.op, ast.Not):
@@ -340,6 +348,17 @@ class _Compiler:
                 return (~hit if negate else hit), current, None
 
             return step_in, "bool"
+        if sym in ("==", "!=") and left_kind == "perm" and _literal_tuple_of_ints(right_node) is not None:
+            # order == (0, 2, 1): compare permutation indices
+            members = self._literal_members(ast.Tuple(elts=[right_node]), left_node, left_kind)
+            target = members[0]
+            equal = sym == "=="
+
+            def step_perm(current: Value, env: Mapping[str, np.ndarray]) -> tuple[Value, Value, None]:
+                hit = np.asarray(current) == target
+                return (hit if equal else ~hit), current, None
+
+            return step_perm, "perm"
         rf, right_kind = self.compile(right_node, depth)
         if left_kind == "perm" or right_kind == "perm":
             raise self.error(right_node if right_kind == "perm" else left_node,
