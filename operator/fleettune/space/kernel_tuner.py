@@ -67,7 +67,9 @@ def read_kernel_tuner_cache(path: str | os.PathLike[str]) -> RecordedSpace:
             time_ms = float(raw_time)
         else:
             failure = "runtime"
-        times = [float(t) for t in entry.get("times") or [] if plain_number(t) is not None]
+        times = entry.get("times") or []
+        if not (isinstance(times, list) and all(type(t) is float for t in times)):
+            times = [float(t) for t in times if plain_number(t) is not None] if isinstance(times, list) else []
         extras = {k: v for k, v in entry.items() if k not in KT_BOOKKEEPING and k not in config}
         if isinstance(raw_time, str) and raw_time not in KT_FAILURE_IN:
             extras["time"] = raw_time
@@ -100,14 +102,12 @@ def write_kernel_tuner_cache(path: str | os.PathLike[str], recorded: RecordedSpa
     }
     lines = ["{"] + [f"{json.dumps(k)}: {json.dumps(v)}," for k, v in header.items()] + ['"cache": {']
     entries = []
-    for r in recs:
-        row = space.to_rows([r.config])[0]
-        entry: dict[str, Any] = {name: jsonable(v) for name, v in space.to_configs(row[None])[0].items()}
+    rows = space.to_rows([r.config for r in recs])
+    for r, row, config in zip(recs, rows, space.to_configs(rows), strict=True):
+        entry: dict[str, Any] = {name: jsonable(v) for name, v in config.items()}
         entry.update({k: jsonable(v) for k, v in r.extras.items() if k not in entry})
-        if r.failure is not None:
-            entry["time"] = KT_FAILURE_OUT.get(r.failure, "RuntimeFailedConfig")
-        else:
-            entry["time"] = r.time_ms
+        entry["time"] = KT_FAILURE_OUT.get(r.failure, "RuntimeFailedConfig") if r.failure is not None else r.time_ms
+        if r.times or r.failure is None:
             entry["times"] = list(r.times)
         entries.append(f"{json.dumps(space.key(row))}: {json.dumps(entry)}")
     text = "\n".join(lines) + "\n" + ",\n".join(entries) + "\n}\n}\n"

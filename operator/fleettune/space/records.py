@@ -130,12 +130,25 @@ def parameter_spec(name: str, values: Sequence[Any], where: str) -> dict[str, An
     values = list(values)
     if not values:
         raise SpaceError(where, f"parameter {name!r} has no values")
+    if permutation_size(values) is not None:
+        return {"name": name, "type": "permutation", "size": permutation_size(values)}
     for v in values:
         if not (isinstance(v, (str, bool)) or (is_number(v) and math.isfinite(v))):
             raise SpaceError(where, f"parameter {name!r} has a value of unsupported type: {v!r}")
     if all(is_number(v) for v in values):
         return {"name": name, "type": "ordinal", "values": values}
     return {"name": name, "type": "categorical", "values": values}
+
+
+def permutation_size(values: Sequence[Any]) -> int | None:
+    """n when ``values`` are exactly all permutations of 0..n-1 (as lists), else None."""
+    if not all(isinstance(v, (list, tuple)) for v in values):
+        return None
+    n = len(values[0])
+    items = {tuple(v) for v in values}
+    if len(items) != len(values) or len(values) != math.factorial(n) or n > 9:
+        return None
+    return n if all(sorted(v) == list(range(n)) for v in items) else None
 
 
 def plain_number(v: Any) -> float | None:
@@ -162,7 +175,7 @@ def jsonable(v: Any) -> Any:
 def open_for_write(path: str | os.PathLike[str]):
     where = os.fspath(path)
     if where.endswith(".gz"):
-        return gzip.open(where, "wt", encoding="utf-8")
+        return gzip.open(where, "wt", encoding="utf-8", compresslevel=5)  # level 9 is 3x slower for ~5 %
     return open(where, "w", encoding="utf-8")
 
 

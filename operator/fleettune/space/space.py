@@ -331,24 +331,33 @@ class SearchSpace:
 
     def to_rows(self, configs: Iterable[Mapping[str, Any]]) -> np.ndarray:
         """Index rows of configurations given as name → value; `SpaceError` if one is not in the space."""
-        out: list[list[int]] = []
+        configs = list(configs)
+        names = set(self._index)
         for i, config in enumerate(configs):
             if not isinstance(config, Mapping):
                 raise SpaceError(f"configs[{i}]", f"expected a mapping of parameter name to value, got "
                                                   f"{type(config).__name__}")
-            extra = set(config) - set(self._index)
-            if extra:
-                raise SpaceError(f"configs[{i}]", f"unknown parameter {sorted(map(str, extra))[0]!r}")
-            row = []
-            for p in self.parameters:
-                if p.name not in config:
-                    raise SpaceError(f"configs[{i}]", f"missing parameter {p.name!r}")
-                idx = p.index_of(config[p.name])
+            if config.keys() != names:
+                extra = set(config) - names
+                if extra:
+                    raise SpaceError(f"configs[{i}]", f"unknown parameter {sorted(map(str, extra))[0]!r}")
+                missing = [n for n in self.names if n not in config]
+                raise SpaceError(f"configs[{i}]", f"missing parameter {missing[0]!r}")
+        out = np.empty((len(configs), len(self.sizes)), dtype=np.int32)
+        for j, p in enumerate(self.parameters):
+            lookup = p.lookup
+            # Numbers look themselves up directly (value_key of a number is the number); anything
+            # else, and misses, go through index_of for the type-aware rules.
+            direct = p.kind == "numeric"
+            for i, config in enumerate(configs):
+                v = config[p.name]
+                idx = lookup.get(v) if direct and type(v) in (int, float) else None
                 if idx is None:
-                    raise SpaceError(f"configs[{i}].{p.name}", f"{config[p.name]!r} is not a value of {p.name!r}")
-                row.append(idx)
-            out.append(row)
-        return np.array(out, dtype=np.int32).reshape(len(out), len(self.sizes))
+                    idx = p.index_of(v)
+                    if idx is None:
+                        raise SpaceError(f"configs[{i}].{p.name}", f"{v!r} is not a value of {p.name!r}")
+                out[i, j] = idx
+        return out
 
     def key(self, config_or_row: Any) -> str:
         """Stable string key: the values joined by "," in parameter order (Kernel Tuner's cache key)."""

@@ -124,9 +124,9 @@ def write_t4(path: str | os.PathLike[str], recorded: RecordedSpace | SearchSpace
     md.setdefault("timeunit", "milliseconds")
     unit = md["timeunit"]
     results = []
-    for r in recs:
-        row = space.to_rows([r.config])[0]
-        config = {k: jsonable(v) for k, v in space.to_configs(row[None])[0].items()}
+    rows = space.to_rows([r.config for r in recs])
+    for r, plain in zip(recs, space.to_configs(rows), strict=True):
+        config = {k: jsonable(v) for k, v in plain.items()}
         times: dict[str, Any] = {t4: r.extras[kt] for t4, kt in T4_TIMES.items() if kt in r.extras}
         if r.failure is None:
             times["runtimes"] = list(r.times)
