@@ -196,15 +196,14 @@ class Solver:
         return [v for v in range(self.nvars) if v not in bound]
 
     def iter_blocks(self, depth: int | None = None, chunk: int = CHUNK_ROWS,
-                    skip_free: bool = False) -> Iterator[tuple[dict[int, np.ndarray], int]]:
+                    skip: Sequence[int] = ()) -> Iterator[tuple[dict[int, np.ndarray], int]]:
         """Blocks of valid partial rows over ``levels[:depth]`` (all levels by default), in order.
 
-        With ``skip_free`` the unconstrained variables are left out (the caller multiplies them in).
+        Variables in ``skip`` (free ones only) are left out; the caller multiplies them in.
         """
         levels = self.levels[: self.nvars if depth is None else depth]
-        if skip_free:
-            free = set(self.free_vars)
-            levels = [v for v in levels if v not in free]
+        if skip:
+            levels = [v for v in levels if v not in set(skip)]
         if self.superset_count == 0:
             return
         if not levels:

@@ -31,6 +31,7 @@ from fleettune.space.params import Parameter, parse_parameter
 # enumerate() refuses to build an array larger than this; use limit= or sample() instead.
 MAX_ENUMERATE_BYTES = 8 << 30
 _SLAB = 1 << 14
+_MAX_PATTERN = 1 << 16  # rows of the free-parameter product written by pattern
 
 
 class SearchSpace:
@@ -129,8 +130,11 @@ class SearchSpace:
         if self._constant_false:
             k = self._constant_false[0]
             c = self.constraints[k]
-            about = f"no value of {', '.join(c.names)}" if c.names else "the device"
-            raise SpaceError(c.field, f"{about} satisfies {c.text!r}: no valid configuration is left")
+            if c.names:
+                raise SpaceError(c.field, f"no value of {', '.join(c.names)} satisfies {c.text!r}: "
+                                          "no valid configuration is left")
+            device = self.device.name if self.device is not None else "the device"
+            raise SpaceError(c.field, f"{device} does not satisfy {c.text!r}: no valid configuration is left")
         # Find the first constraint that, added to those before it, empties the space.
         for k in range(1, len(self.constraints) + 1):
             sub = SearchSpace(self.parameters, self.constraints[:k], self.device, check_not_empty=False)
@@ -189,7 +193,11 @@ class SearchSpace:
         # Unconstrained parameters are a plain Cartesian factor: enumerate the constrained core
         # and write the free columns once per output block instead of carrying them through
         # every expansion step.
-        free = self._solver.free_vars
+        free: list[int] = []
+        for j in sorted(self._solver.free_vars, key=lambda j: self.sizes[j]):
+            if math.prod(self.sizes[k] for k in free) * self.sizes[j] <= _MAX_PATTERN:
+                free.append(j)
+        free.sort()
         fsizes = [self.sizes[j] for j in free]
         nfree = math.prod(fsizes)
         pattern = np.indices(fsizes).reshape(len(free), -1).T.astype(np.int32) if free else None
@@ -202,7 +210,7 @@ class SearchSpace:
         out = np.empty((cap, d), dtype=np.int32) if cap is not None else None
         pos = 0
         core_chunk = max(1, CHUNK_ROWS // nfree)
-        for cols, m in self._solver.iter_blocks(chunk=core_chunk, skip_free=True):
+        for cols, m in self._solver.iter_blocks(chunk=core_chunk, skip=free):
             take = m * nfree
             if cap is not None:
                 take = min(take, cap - pos)

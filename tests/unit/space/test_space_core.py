@@ -139,3 +139,25 @@ def test_pickle_round_trip():
     again = pickle.loads(pickle.dumps(space))
     assert again.count() == space.count()
     assert np.array_equal(again.enumerate(), space.enumerate())
+
+
+def test_huge_cartesian_counts_exactly_and_enumerates_with_limit():
+    params = [{"name": f"p{i}", "type": "integer", "range": {"min": 0, "max": 9}} for i in range(20)]
+    space = SearchSpace.from_spec(params, ["p0 + p1 <= 9", "p2 != p3", "p4 * p5 % 3 == 0"])
+    # 55 * 90 * 64 of the 10**6 combinations of p0..p5, times 10**14 free combinations
+    assert space.count() == 55 * 90 * 64 * 10**14
+    first = space.enumerate(limit=4)
+    assert first.shape == (4, 20) and space.is_valid(first).all()
+    with pytest.raises(SpaceError, match="too many"):
+        space.enumerate()
+    draws = space.sample(200, np.random.default_rng(3))
+    assert space.is_valid(draws).all() and len({r.tobytes() for r in draws}) == 200
+
+
+def test_device_only_constraints():
+    params = [{"name": "a", "type": "integer", "range": {"min": 0, "max": 3}}]
+    t4 = lookup_device(product="Tesla-T4")
+    assert SearchSpace.from_spec(params, ["device.max_threads_per_multiprocessor == 1024"], t4).count() == 4
+    with pytest.raises(SpaceError, match="NVIDIA T4 does not satisfy") as info:
+        SearchSpace.from_spec(params, ["a >= 0", "device.compute_capability >= 80"], t4)
+    assert info.value.field == "constraints[1]"

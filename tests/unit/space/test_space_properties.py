@@ -110,26 +110,25 @@ def test_enumeration_and_sampling_match_brute_force(space_def):
     check_against_brute_force(*space_def)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(space_def=small_spaces())
-def test_residual_constraints_match_brute_force(space_def, monkeypatch_module):
-    # With a tiny bucket limit every multi-parameter constraint becomes a residual: this
-    # exercises push-down filtering, streaming count and rejection sampling.
-    check_against_brute_force(*space_def)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    mp.setattr(enumeration_module, "BUCKET_LIMIT", 4)
+def force_residuals(mp: pytest.MonkeyPatch) -> None:
+    """Make every multi-parameter constraint a residual: exercises push-down filtering,
+    streaming count and rejection sampling instead of bucket elimination."""
     import fleettune.space.space as space_module
 
+    mp.setattr(enumeration_module, "BUCKET_LIMIT", 4)
     mp.setattr(space_module, "TRUTH_TABLE_LIMIT", 4)
-    yield mp
-    mp.undo()
 
 
-def test_residual_path_is_really_used(monkeypatch_module):
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_spaces())
+def test_residual_constraints_match_brute_force(space_def):
+    with pytest.MonkeyPatch.context() as mp:
+        force_residuals(mp)
+        check_against_brute_force(*space_def)
+
+
+def test_residual_path_is_really_used(monkeypatch):
+    force_residuals(monkeypatch)
     space = SearchSpace.from_spec([{"name": "a", "type": "integer", "range": {"min": 0, "max": 9}},
                                    {"name": "b", "type": "integer", "range": {"min": 0, "max": 9}}],
                                   ["a + b == 9"])
@@ -137,7 +136,10 @@ def test_residual_path_is_really_used(monkeypatch_module):
     assert space.count() == 10
 
 
-def test_uniform_sampling_is_uniform():
+@pytest.mark.parametrize("residual", [False, True], ids=["elimination", "rejection"])
+def test_uniform_sampling_is_uniform(residual, monkeypatch):
+    if residual:
+        force_residuals(monkeypatch)
     # a skewed space: many valid b for small a, few for large a; uniform over *configurations*
     space = SearchSpace.from_spec([{"name": "a", "type": "integer", "range": {"min": 0, "max": 5}},
                                    {"name": "b", "type": "integer", "range": {"min": 0, "max": 5}},
