@@ -25,10 +25,11 @@ from .strategy import Strategy, take_random
 
 DEFAULTS: dict[str, Any] = {
     "initial": 10,  # space-filling design size (feasible points), before the model leads
-    "refit_growth": 0.15,  # refit hyperparameters when the history grew by this fraction
-    "fit_iter": 60,  # L-BFGS iterations per hyperparameter fit
+    "refit_growth": 0.25,  # refit hyperparameters when the history grew by this fraction
+    "fit_iter": 40,  # L-BFGS iterations per hyperparameter fit
     "max_pool": 20_000,  # candidates scored exactly per suggestion; beyond: subset + local search
-    "tau_max": 0.5,  # feasibility threshold ~ U(0, tau_max), redrawn at every suggestion
+    "tau_max": 1.0,  # feasibility threshold ~ U(0, tau_max), redrawn at every suggestion
+    "feas_power": 2.0,  # acquisition = EI * P(feasible)^feas_power
     "local_starts": 5,
     "local_rounds": 3,
 }
@@ -52,6 +53,7 @@ class BayesOpt(Strategy):
         self._fits: dict[int, tuple[Hyper | None, Hyper | None]] = {}
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
         self._xc = torch.as_tensor(candidates.x)
+        self._xfc = torch.as_tensor(candidates.xf)
 
     # -- model ------------------------------------------------------------------------
 
@@ -74,8 +76,9 @@ class BayesOpt(Strategy):
             noise[sel] /= sd * sd
         return ok, z, noise
 
-    def _inputs(self, history: History, rows: np.ndarray | None = None) -> np.ndarray:
-        x = history.x if rows is None else history.x[rows]
+    def _inputs(self, history: History, rows: np.ndarray | None = None, feas: bool = False) -> np.ndarray:
+        hx = history.xf if feas else history.x
+        x = hx if rows is None else hx[rows]
         if self._with_task(history):
             task = history.task if rows is None else history.task[rows]
             x = np.hstack([x, task.reshape(-1, 1).astype(np.float64)])
@@ -101,7 +104,7 @@ class BayesOpt(Strategy):
         hyper_c = None
         feas = h.feasible
         if feas.any() and not feas.all():
-            hyper_c = fit_feasibility(self._inputs(h), feas, init_c, self.options["fit_iter"])
+            hyper_c = fit_feasibility(self._inputs(h, feas=True), feas, init_c, self.options["fit_iter"])
         self._fits[m] = (hyper_r or init_r, hyper_c or init_c)
         return self._fits[m]
 
@@ -154,12 +157,27 @@ class BayesOpt(Strategy):
         if hyper_r is None:
             return take_random(rng, avail, n)
         gp = Posterior(self._inputs(history, ok), z, noise, hyper_r)
+        failed = np.flatnonzero(~history.feasible)
+        if len(failed):
+            # A failed point has no objective, but it has been looked at: condition on it
+            # at the posterior mean (a believer that never resolves). The mean stays
+            # exactly as the feasible data say, the variance there collapses, so EI stops
+            # sending us into unmeasurable regions just because nothing is known there.
+            xf = self._inputs(history, failed)
+            z_fail, _ = gp.predict(torch.as_tensor(xf), fast=False)
+            rows = np.concatenate([ok, failed])
+            gp = Posterior(
+                self._inputs(history, rows),
+                np.concatenate([z, z_fail.numpy()]),
+                np.concatenate([noise, np.zeros(len(failed))]),
+                hyper_r,
+            )
         clf = None
         if hyper_c is not None:
-            clf = FeasibilityModel(self._inputs(history), history.feasible, hyper_c)
+            clf = FeasibilityModel(self._inputs(history, feas=True), history.feasible, hyper_c)
 
-        def feats(idx: np.ndarray) -> torch.Tensor:
-            x = self._xc[idx]
+        def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
+            x = (self._xfc if feas else self._xc)[idx]
             if with_task:
                 x = torch.cat([x, torch.ones(len(idx), 1, dtype=x.dtype)], dim=1)
             return x
@@ -169,8 +187,10 @@ class BayesOpt(Strategy):
         xs = feats(scored)
         mean, var = gp.predict(xs)
         log_pf = torch.zeros_like(mean)
+        log_pf_w = log_pf
         if clf is not None:
-            log_pf = torch.log(clf.prob(xs).clamp_min(1e-12))
+            log_pf = torch.log(clf.prob(feats(scored, feas=True)).clamp_min(1e-12))
+        log_pf_w = self.options["feas_power"] * log_pf
         cur_ok = history.task[ok] == 1
         best = float(z[cur_ok].min()) if cur_ok.any() else float(z.min())
         tau = float(rng.uniform(0.0, self.options["tau_max"]))
@@ -196,7 +216,7 @@ class BayesOpt(Strategy):
             believe(j)
         picks: list[int] = []
         for _ in range(min(n, int(selectable.sum()))):
-            acq = log_ei(mean, believers.var, best) + log_pf
+            acq = log_ei(mean, believers.var, best) + log_pf_w
             acq[~selectable] = -math.inf
             j = int(torch.argmax(acq))
             picks.append(int(scored[j]))

@@ -67,12 +67,17 @@ def fit_hyper(
     *,
     init: Hyper | None = None,
     max_iter: int = 60,
+    outputscale_prior: tuple[float, float] | None = (2.0, 1.0),
 ) -> Hyper:
     """Maximum a-posteriori hyperparameters for standardised targets ``y``.
 
     ``noise`` is each point's known variance (from its repeats); a homoskedastic noise on
     top of it is learned, because model misfit on real kernels dwarfs timing noise.
     Deterministic: fixed start, L-BFGS-B without random restarts.
+    ``outputscale_prior`` is a Gamma(shape, rate) prior on the signal variance (targets
+    are standardised, so it sits around 1: a loose prior lets the fit trade tiny
+    length-scales for a huge variance and interpolate every point independently);
+    None fixes the variance at 1.
     """
     from botorch.models import SingleTaskGP
     from botorch.optim.fit import fit_gpytorch_mll_scipy
@@ -93,7 +98,9 @@ def fit_hyper(
         lengthscale_prior=LogNormalPrior(_lengthscale_prior_loc(n_features), math.sqrt(3.0)),
         lengthscale_constraint=GreaterThan(MIN_LENGTHSCALE, transform=None),
     )
-    covar = ScaleKernel(base, outputscale_prior=GammaPrior(2.0, 0.15))
+    covar = ScaleKernel(base, outputscale_prior=GammaPrior(*outputscale_prior) if outputscale_prior else None)
+    if outputscale_prior is None:
+        covar.raw_outputscale.requires_grad_(False)
     likelihood = FixedNoiseGaussianLikelihood(noise=tn, learn_additional_noise=True)
     likelihood.second_noise_covar.register_prior(
         "noise_prior", GammaPrior(1.1, 0.05), lambda m: m.noise, lambda m, v: m._set_noise(v)
@@ -104,7 +111,7 @@ def fit_hyper(
     start = init or Hyper.default(n_features)
     with torch.no_grad():
         base.lengthscale = torch.as_tensor(np.maximum(start.lengthscale, MIN_LENGTHSCALE * 1.01))
-        covar.outputscale = torch.tensor(float(start.outputscale))
+        covar.outputscale = torch.tensor(float(start.outputscale) if outputscale_prior else 1.0)
         model.mean_module.constant.fill_(float(start.mean))
         likelihood.second_noise_covar.noise = torch.tensor(max(float(start.noise), 2 * MIN_NOISE))
     mll = ExactMarginalLogLikelihood(likelihood, model)

@@ -20,6 +20,7 @@ class Candidates:
     rows: np.ndarray  # (N, d) int32 value indices
     x: np.ndarray  # (N, f) encoding in [0, 1]
     feature_groups: list[tuple[str, slice]] = field(default_factory=list)
+    xf: np.ndarray | None = None  # (N, f') inputs of the feasibility model; default: x
     _keys: np.ndarray | None = field(default=None, repr=False)
     _order: np.ndarray | None = field(default=None, repr=False)
     _radix: np.ndarray | None = field(default=None, repr=False)
@@ -31,6 +32,8 @@ class Candidates:
             raise ValueError("candidate rows and encoding must have the same number of rows")
         if len(self.rows) == 0:
             raise ValueError("empty candidate set")
+        if self.xf is None:
+            self.xf = self.x
         radix = (self.rows.max(axis=0).astype(np.int64) + 1) if len(self.rows) else np.ones(0, np.int64)
         # Mixed-radix integer keys make lookup a vectorised binary search; spaces whose
         # unrestricted product overflows int64 fall back to a dictionary.
@@ -85,6 +88,7 @@ class History:
     """Observations in arrival order. ``task`` 0 marks warm-start data from elsewhere."""
 
     x: np.ndarray  # (m, f)
+    xf: np.ndarray  # (m, f') feasibility-model inputs
     cand: np.ndarray  # (m,) candidate number or -1
     value: np.ndarray  # (m,) objective (ms), nan when the configuration failed
     noise: np.ndarray  # (m,) variance of log(value) estimated from repeats (0 if unknown)
@@ -92,9 +96,10 @@ class History:
     task: np.ndarray  # (m,) 1 = this study, 0 = prior
 
     @staticmethod
-    def empty(n_features: int) -> History:
+    def empty(n_features: int, n_feas_features: int) -> History:
         return History(
             x=np.zeros((0, n_features)),
+            xf=np.zeros((0, n_feas_features)),
             cand=np.zeros(0, dtype=np.int64),
             value=np.zeros(0),
             noise=np.zeros(0),
@@ -112,6 +117,7 @@ class History:
     def prefix(self, m: int) -> History:
         return History(
             x=self.x[:m],
+            xf=self.xf[:m],
             cand=self.cand[:m],
             value=self.value[:m],
             noise=self.noise[:m],
@@ -119,8 +125,11 @@ class History:
             task=self.task[:m],
         )
 
-    def append(self, x: np.ndarray, cand: int, value: float, noise: float, outcome: Outcome, task: int) -> None:
+    def append(
+        self, x: np.ndarray, xf: np.ndarray, cand: int, value: float, noise: float, outcome: Outcome, task: int
+    ) -> None:
         self.x = np.vstack([self.x, x.reshape(1, -1)])
+        self.xf = np.vstack([self.xf, xf.reshape(1, -1)])
         self.cand = np.append(self.cand, cand)
         self.value = np.append(self.value, value)
         self.noise = np.append(self.noise, noise)

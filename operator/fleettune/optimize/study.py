@@ -12,6 +12,7 @@ import numpy as np
 from fleettune_job.protocol import Outcome
 
 from .bayes import BayesOpt
+from .features import model_features
 from .genetic import Genetic
 from .problem import Candidates, History
 from .random_search import RandomSearch
@@ -63,9 +64,10 @@ class Study:
         if candidates is None:
             candidates = self._default_candidates(space, self.seed)
         rows = np.asarray(candidates, dtype=np.int32)
-        self.candidates = Candidates(rows, np.asarray(space.encode(rows), dtype=np.float64), list(space.feature_groups))
+        x, xf, groups = model_features(space, rows)
+        self.candidates = Candidates(rows, x, groups, xf)
         self.strategy = STRATEGIES[strategy](self.candidates, self.seed, options)
-        self.history = History.empty(self.candidates.n_features)
+        self.history = History.empty(self.candidates.n_features, self.candidates.xf.shape[1])
         self._observed = np.zeros(len(self.candidates), dtype=bool)
         self._lock = threading.Lock()
         self._rows: list[np.ndarray] = []  # index row of each observation, for decoding
@@ -95,8 +97,11 @@ class Study:
             value, noise = math.nan, 0.0
         row = np.asarray(self.space.to_rows([config]), dtype=np.int32).reshape(1, -1)
         cand = int(self.candidates.lookup(row)[0])
-        x = self.candidates.x[cand] if cand >= 0 else np.asarray(self.space.encode(row), dtype=np.float64)[0]
-        self.history.append(x, cand, value, noise, outcome, task)
+        if cand >= 0:
+            x, xf = self.candidates.x[cand], self.candidates.xf[cand]
+        else:
+            x, xf, _ = model_features(self.space, row)
+        self.history.append(x, xf, cand, value, noise, outcome, task)
         self._rows.append(row[0])
         if cand >= 0 and task == 1:
             self._observed[cand] = True

@@ -1,0 +1,67 @@
+"""Model inputs built from the space's type-aware encoding.
+
+* categorical codes (i/(k-1) in the space's encoding, meaningful only as same/different)
+  become one-hot columns scaled by 1/sqrt(2), so that a Euclidean kernel sees a
+  Hamming distance of 1 per changed category, never an order;
+* the feasibility model additionally gets linear positive size-like parameters on a
+  log scale: GPU resource limits are products of sizes (threads = bx*by, registers ~
+  block x tile), and a product threshold is a straight boundary in log coordinates;
+* numeric and permutation columns are used as the space encodes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+LOG_RATIO = 4.0  # max/min above which a positive linear parameter also counts on a log scale
+
+
+def _normalise(v: np.ndarray) -> np.ndarray:
+    lo, hi = float(v.min()), float(v.max())
+    return np.zeros_like(v) if hi <= lo else (v - lo) / (hi - lo)
+
+
+def model_features(space: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[str, slice]]]:
+    """(objective features, feasibility features, feature groups of the first)."""
+    rows = np.asarray(rows)
+    encoded = np.asarray(space.encode(rows), dtype=np.float64)
+    params = getattr(space, "parameters", None)
+    groups = list(getattr(space, "feature_groups", []))
+    if params is None:
+        return encoded, encoded, groups
+    obj_cols: list[np.ndarray] = []
+    feas_cols: list[np.ndarray] = []
+    out_groups: list[tuple[str, slice]] = []
+    width = 0
+    for kind in ("numeric", "categorical"):
+        for j, p in enumerate(params):
+            if p.kind != kind:
+                continue
+            if kind == "numeric":
+                vals = np.asarray(p.values, dtype=np.float64)
+                scaled = np.log(vals) if p.scale == "log" else vals
+                col = _normalise(scaled)[rows[:, j]].reshape(-1, 1)
+                obj_cols.append(col)
+                sizes = vals.min() > 0 and vals.max() / vals.min() >= LOG_RATIO
+                feas_cols.append(_normalise(np.log(vals))[rows[:, j]].reshape(-1, 1) if sizes else col)
+                out_groups.append(("numeric", slice(width, width + 1)))
+                width += 1
+            else:
+                k = len(p.values)
+                onehot = np.zeros((len(rows), max(k, 1)))
+                onehot[np.arange(len(rows)), rows[:, j]] = 1.0 / np.sqrt(2.0)
+                obj_cols.append(onehot)
+                feas_cols.append(onehot)
+                out_groups.append(("categorical", slice(width, width + onehot.shape[1])))
+                width += onehot.shape[1]
+    for kind, cols in groups:
+        if kind == "permutation":
+            obj_cols.append(encoded[:, cols])
+            feas_cols.append(encoded[:, cols])
+            out_groups.append(("permutation", slice(width, width + cols.stop - cols.start)))
+            width += cols.stop - cols.start
+    if not obj_cols:
+        return encoded, encoded, groups
+    return np.hstack(obj_cols), np.hstack(feas_cols), out_groups
