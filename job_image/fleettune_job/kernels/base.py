@@ -237,7 +237,7 @@ def compare(xp: Any, got: Any, expected: Any, atol: float) -> str | None:
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None
-    flat = int(xp.argmax(bad.ravel()))
+    flat = int(xp.argmax(bad.ravel().astype(xp.uint8)))
     where = tuple(int(i) for i in np.unravel_index(flat, tuple(got.shape)))
     got_v = float(got.ravel()[flat])
     exp_v = float(expected.ravel()[flat])
