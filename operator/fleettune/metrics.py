@@ -1,0 +1,374 @@
+"""Prometheus metrics of the operator, served on ``:8080/metrics``.
+
+The controller calls the plain functions at the bottom of this module; they update the
+default :class:`Metrics` bound to the module-level :data:`REGISTRY`. Tests build their
+own ``Metrics(CollectorRegistry())`` so that they never see each other's samples.
+
+Labels are bounded on purpose: ``namespace``, ``run``, ``target`` (≤ 16 per run, from the
+spec), ``outcome`` (the 7 protocol outcomes) and ``phase`` (the 4 run phases). Never a
+trial index, a Job name or a configuration: those would create a series per trial and
+grow the scrape without bound. Per-trial detail lives in the results store and in
+``fleettune report``.
+
+Every series of a run is remembered so that :func:`forget_run` can drop them when the
+run is deleted; otherwise a long-lived operator would keep exporting dead runs forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import prometheus_client
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
+from prometheus_client.metrics import MetricWrapperBase
+
+from fleettune import __version__
+from fleettune_job.protocol import CONTAINER_NAME, Outcome
+
+PREFIX = "fleettune"
+DEFAULT_PORT = 8080
+RUN_PHASES = ("Pending", "Running", "Succeeded", "Failed")
+# Outcome classes the dashboard shows; keep in sync with the regexes in the dashboard JSON.
+VALID_OUTCOMES = (Outcome.OK.value,)
+INFRA_OUTCOMES = (Outcome.INFRA_ERROR.value,)
+INVALID_OUTCOMES = tuple(o.value for o in Outcome if o.is_invalid_configuration)
+
+RUN_LABELS = ("namespace", "run")
+POOL_LABELS = ("namespace", "run", "target")
+
+# Trials last from well under a second (simulated fleet) to the 5-minute default timeout.
+TRIAL_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+# Waiting for a node ranges from "instant" to "the pool is busy for hours".
+QUEUE_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600, 14400)
+# Suggesting and fitting run on the operator's CPU: milliseconds (random) to minutes (big GP).
+COMPUTE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+# `_created` samples double the series count and no dashboard uses them.
+prometheus_client.disable_created_metrics()
+
+
+@dataclass
+class Metrics:
+    """The operator's metric families, registered in one registry."""
+
+    registry: CollectorRegistry
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # (namespace, run) -> {(metric, label values)}: what forget_run must remove.
+    _series: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.build_info = Info(f"{PREFIX}_build", "Version of the running operator.", registry=r)
+        self.build_info.info({"version": __version__})
+        self.trials = Counter(
+            f"{PREFIX}_trials", "Trials recorded, by outcome (ok, the invalid-configuration "
+            "outcomes, infra_error).", [*POOL_LABELS, "outcome"], registry=r,
+        )
+        self.trial_duration = Histogram(
+            f"{PREFIX}_trial_duration_seconds", "Run time of a trial's container (started to finished).",
+            POOL_LABELS, buckets=TRIAL_BUCKETS, registry=r,
+        )
+        self.queue_wait = Histogram(
+            f"{PREFIX}_trial_queue_wait_seconds", "Time from a trial Job's creation until its Pod "
+            "was bound to a node of the pool.", POOL_LABELS, buckets=QUEUE_BUCKETS, registry=r,
+        )
+        self.best = Gauge(
+            f"{PREFIX}_best_objective_milliseconds", "Best (lowest) kernel time found so far.",
+            POOL_LABELS, registry=r,
+        )
+        self.speedup = Gauge(
+            f"{PREFIX}_speedup_ratio", "Default configuration's time divided by the best time.",
+            POOL_LABELS, registry=r,
+        )
+        self.budget = Gauge(
+            f"{PREFIX}_budget_trials", "Trials the pool may spend (spec.budget.trialsPerTarget).",
+            POOL_LABELS, registry=r,
+        )
+        self.budget_used = Gauge(
+            f"{PREFIX}_budget_used_trials", "Trials that counted against the budget (valid + invalid).",
+            POOL_LABELS, registry=r,
+        )
+        self.in_flight = Gauge(
+            f"{PREFIX}_trials_in_flight", "Trial Jobs created and not yet finished.", POOL_LABELS, registry=r,
+        )
+        self.parallelism = Gauge(
+            f"{PREFIX}_trials_parallelism", "Trials the pool may run at once (spec.budget.parallelism).",
+            POOL_LABELS, registry=r,
+        )
+        self.run_phase = Gauge(
+            f"{PREFIX}_run_phase", "1 for the run's current phase, 0 for the others.",
+            [*RUN_LABELS, "phase"], registry=r,
+        )
+        self.suggestion = Histogram(
+            f"{PREFIX}_suggestion_duration_seconds", "Time the optimiser took to suggest a batch.",
+            POOL_LABELS, buckets=COMPUTE_BUCKETS, registry=r,
+        )
+        self.model_fit = Histogram(
+            f"{PREFIX}_model_fit_duration_seconds", "Time to fit the surrogate and feasibility models.",
+            POOL_LABELS, buckets=COMPUTE_BUCKETS, registry=r,
+        )
+        self.stale = Gauge(
+            f"{PREFIX}_pool_stale", "1 while a pool's results are stale (its device fingerprint changed).",
+            POOL_LABELS, registry=r,
+        )
+        self.fingerprint = Info(
+            f"{PREFIX}_pool_fingerprint", "Device a pool's results were measured on.", POOL_LABELS, registry=r,
+        )
+        self.step_errors = Counter(
+            f"{PREFIX}_reconcile_errors", "Tuning steps of a run that failed with an exception (retried).",
+            RUN_LABELS, registry=r,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _child(self, metric: MetricWrapperBase, namespace: str, run: str, *rest: str) -> Any:
+        values = (namespace, run, *rest)
+        with self._lock:
+            self._series.setdefault((namespace, run), set()).add((metric, values))
+        return metric.labels(*values)
+
+    # ------------------------------------------------------------------ API
+
+    def trial_recorded(
+        self,
+        namespace: str,
+        run: str,
+        target: str,
+        outcome: str,
+        duration_s: float | None = None,
+        queue_wait_s: float | None = None,
+    ) -> None:
+        """One trial's record was stored (call once per record, right after the store accepted it)."""
+        self._child(self.trials, namespace, run, target, str(Outcome(outcome).value)).inc()
+        if duration_s is not None and duration_s >= 0:
+            self._child(self.trial_duration, namespace, run, target).observe(duration_s)
+        if queue_wait_s is not None and queue_wait_s >= 0:
+            self._child(self.queue_wait, namespace, run, target).observe(queue_wait_s)
+
+    def pool_progress(
+        self,
+        namespace: str,
+        run: str,
+        target: str,
+        *,
+        used: int,
+        budget: int,
+        in_flight: int,
+        parallelism: int,
+        best_ms: float | None,
+        speedup: float | None = None,
+    ) -> None:
+        """The pool's gauges, from the status the loop just computed (call every step)."""
+        self._child(self.budget_used, namespace, run, target).set(used)
+        self._child(self.budget, namespace, run, target).set(budget)
+        self._child(self.in_flight, namespace, run, target).set(in_flight)
+        self._child(self.parallelism, namespace, run, target).set(parallelism)
+        if best_ms is not None:
+            self._child(self.best, namespace, run, target).set(best_ms)
+        if speedup is not None:
+            self._child(self.speedup, namespace, run, target).set(speedup)
+
+    def set_run_phase(self, namespace: str, run: str, phase: str) -> None:
+        if phase not in RUN_PHASES:
+            raise ValueError(f"unknown run phase {phase!r}")
+        # Every phase is exported (0 or 1) so `sum by (phase)` never loses a series mid-run.
+        for p in RUN_PHASES:
+            self._child(self.run_phase, namespace, run, p).set(1.0 if p == phase else 0.0)
+
+    def suggestion_latency(self, namespace: str, run: str, target: str, seconds: float) -> None:
+        self._child(self.suggestion, namespace, run, target).observe(seconds)
+
+    def model_fit_latency(self, namespace: str, run: str, target: str, seconds: float) -> None:
+        self._child(self.model_fit, namespace, run, target).observe(seconds)
+
+    def pool_stale(self, namespace: str, run: str, target: str, stale: bool) -> None:
+        self._child(self.stale, namespace, run, target).set(1.0 if stale else 0.0)
+
+    def fingerprint_info(
+        self, namespace: str, run: str, target: str, *, product: str, driver: str, cuda: str,
+        compute_capability: str = "", simulated: bool = False,
+    ) -> None:
+        # Info replaces the child's label values: a driver upgrade leaves one series, not two.
+        self._child(self.fingerprint, namespace, run, target).info({
+            "product": product, "driver": driver, "cuda": cuda,
+            "compute_capability": compute_capability, "simulated": str(simulated).lower(),
+        })
+
+    def reconcile_error(self, namespace: str, run: str) -> None:
+        self._child(self.step_errors, namespace, run).inc()
+
+    def forget_target(self, namespace: str, run: str, target: str) -> None:
+        """Drop the series of one pool (a target removed from the spec)."""
+        self._forget(namespace, run, lambda values: len(values) > 2 and values[2] == target)
+
+    def forget_run(self, namespace: str, run: str) -> None:
+        """Drop every series of a deleted run."""
+        self._forget(namespace, run, lambda values: True)
+
+    def _forget(self, namespace: str, run: str, match: Any) -> None:
+        with self._lock:
+            series = self._series.get((namespace, run), set())
+            gone = {s for s in series if match(s[1])}
+            series -= gone
+            if not series:
+                self._series.pop((namespace, run), None)
+        for metric, values in gone:
+            with contextlib.suppress(KeyError):  # already gone: a deletion may be seen twice
+                metric.remove(*values)
+
+    def sample_names(self) -> set[str]:
+        """Every sample name this registry can expose, whether or not a series exists yet."""
+        return sample_names(self.registry)
+
+
+def sample_names(registry: CollectorRegistry) -> set[str]:
+    suffixes = {
+        "counter": ("_total",),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_count", "_sum"),
+        "summary": ("", "_count", "_sum"),
+        "info": ("_info",),
+        "stateset": ("",),
+        "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+        "unknown": ("",),
+    }
+    names: set[str] = set()
+    for family in registry.collect():
+        names.update(family.name + s for s in suffixes[family.type])
+        names.update(s.name for s in family.samples)
+    return names
+
+
+# ---------------------------------------------------------------------- timings
+
+
+def _ts(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class TrialTimings:
+    duration_s: float | None = None
+    queue_wait_s: float | None = None
+
+
+def trial_timings(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> TrialTimings:
+    """Run time and wait for a node of a finished trial, from its Job and Pods (pure).
+
+    Duration: the trial container's startedAt -> finishedAt in the last Pod that ran it.
+    Queue wait: Job creation -> the first Pod's PodScheduled=True transition (a node was
+    found); includes the Job controller's Pod creation, which is small next to a busy pool.
+    Either is None when the objects do not say (e.g. a Pod that never started).
+    """
+    created = _ts((job.get("metadata") or {}).get("creationTimestamp"))
+    scheduled: list[datetime] = []
+    runs: list[tuple[datetime, datetime]] = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            when = _ts(cond.get("lastTransitionTime"))
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "True" and when:
+                scheduled.append(when)
+        for cs in status.get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            start, end = _ts(term.get("startedAt")), _ts(term.get("finishedAt"))
+            if cs.get("name") == CONTAINER_NAME and start and end:
+                runs.append((start, end))
+    duration = None
+    if runs:
+        start, end = max(runs, key=lambda r: r[1])
+        duration = max(0.0, (end - start).total_seconds())
+    wait = None
+    if created and scheduled:
+        wait = max(0.0, (min(scheduled) - created).total_seconds())
+    return TrialTimings(duration, wait)
+
+
+# ---------------------------------------------------------------------- module API
+
+REGISTRY = CollectorRegistry()
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    # The operator's own CPU and memory: a slow suggestion is often a starved pod.
+    REGISTRY.register(_collector)
+METRICS = Metrics(REGISTRY)
+
+
+def trial_recorded(
+    namespace: str, run: str, target: str, outcome: str,
+    duration_s: float | None = None, queue_wait_s: float | None = None,
+) -> None:
+    METRICS.trial_recorded(namespace, run, target, outcome, duration_s, queue_wait_s)
+
+
+def pool_progress(
+    namespace: str, run: str, target: str, *, used: int, budget: int, in_flight: int, parallelism: int,
+    best_ms: float | None, speedup: float | None = None,
+) -> None:
+    METRICS.pool_progress(
+        namespace, run, target, used=used, budget=budget, in_flight=in_flight, parallelism=parallelism,
+        best_ms=best_ms, speedup=speedup,
+    )
+
+
+def run_phase(namespace: str, run: str, phase: str) -> None:
+    METRICS.set_run_phase(namespace, run, phase)
+
+
+def suggestion_latency(namespace: str, run: str, target: str, seconds: float) -> None:
+    METRICS.suggestion_latency(namespace, run, target, seconds)
+
+
+def model_fit(namespace: str, run: str, target: str, seconds: float) -> None:
+    METRICS.model_fit_latency(namespace, run, target, seconds)
+
+
+def pool_stale(namespace: str, run: str, target: str, stale: bool) -> None:
+    METRICS.pool_stale(namespace, run, target, stale)
+
+
+def fingerprint_info(
+    namespace: str, run: str, target: str, product: str, driver: str, cuda: str,
+    compute_capability: str = "", simulated: bool = False,
+) -> None:
+    METRICS.fingerprint_info(
+        namespace, run, target, product=product, driver=driver, cuda=cuda,
+        compute_capability=compute_capability, simulated=simulated,
+    )
+
+
+def reconcile_error(namespace: str, run: str) -> None:
+    METRICS.reconcile_error(namespace, run)
+
+
+def forget_target(namespace: str, run: str, target: str) -> None:
+    METRICS.forget_target(namespace, run, target)
+
+
+def forget_run(namespace: str, run: str) -> None:
+    METRICS.forget_run(namespace, run)
+
+
+def start_http_server(port: int = DEFAULT_PORT, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> Any:
+    """Serve ``/metrics`` from a daemon thread (never blocks kopf's event loop)."""
+    return prometheus_client.start_http_server(port, addr=addr, registry=registry)
