@@ -21,6 +21,9 @@ TARGET_LABEL = f"{GROUP}/target"
 TRIAL_LABEL = f"{GROUP}/trial"
 CONFIG_ANNOTATION = f"{GROUP}/config"
 NON_ROOT_UID = 10001
+# The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
+# deadline is only a backstop, so it also allows for image pulls and start-up.
+STARTUP_ALLOWANCE_S = 120
 
 
 def job_name(run: str, target: str, index: int) -> str:
@@ -156,7 +159,7 @@ def render_job(
         },
         "spec": {
             "backoffLimit": tmpl.backoff_limit,
-            "activeDeadlineSeconds": spec.budget.trial_timeout_seconds,
+            "activeDeadlineSeconds": spec.budget.trial_timeout_seconds + STARTUP_ALLOWANCE_S,
             "ttlSecondsAfterFinished": tmpl.ttl_seconds_after_finished,
             "podFailurePolicy": {
                 "rules": [

@@ -52,7 +52,3 @@ def test_spec_errors_name_the_field():
     doc["parameters"][2]["type"] = "complex"
     with pytest.raises(SpecError, match=r"spec\.parameters\[2\]\.type"):
         parse_spec(doc)
-
-
-def test_chart_ships_the_same_crd():
-    assert (ROOT / "charts" / "fleettune" / "crds" / "tuningrun.yaml").read_text() == render()

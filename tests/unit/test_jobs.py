@@ -37,7 +37,7 @@ def test_long_names_stay_valid_and_distinct():
 
 def test_job_spec_follows_the_trial_contract():
     spec = _render()["spec"]
-    assert spec["activeDeadlineSeconds"] == SPEC.budget.trial_timeout_seconds
+    assert spec["activeDeadlineSeconds"] > SPEC.budget.trial_timeout_seconds
     assert spec["backoffLimit"] == SPEC.job_template.backoff_limit
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == INVALID_CONFIG_EXIT_CODES
