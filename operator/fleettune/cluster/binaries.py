@@ -132,6 +132,8 @@ def _build_module(
     label: str,
     finish: Callable[[Path], None] | None = None,
 ) -> None:
+    if shutil.which("go") is None:
+        raise RuntimeError(f"{label}: Go is required to build the control plane (https://go.dev/dl)")
     work.mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text(gomod)
     # A blank-import file keeps `go mod tidy` from pruning the requirement.
@@ -193,7 +195,10 @@ def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
         # plain `kwok` ships no stages (only kwokctl injects them): keep the release's stage
         # YAML next to the binary, so the cache entry works without the module cache.
         shutil.copytree(_kwok_module_dir(work) / "kustomize" / "stage", dest / "stages",
-                        ignore=shutil.ignore_patterns("*.go", "testdata"))
+                        ignore=shutil.ignore_patterns("*.go", "testdata"), copy_function=shutil.copyfile)
+        # The module cache is read-only; a copy that kept its modes could not be deleted later.
+        for d in [dest / "stages", *(p for p in (dest / "stages").rglob("*") if p.is_dir())]:
+            d.chmod(0o755)
 
     if not (out / "kwok").exists():
         gomod = f"module local.test/kwokbin\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
@@ -238,8 +243,6 @@ def ensure_helm(progress: Progress | None = None) -> Path:
 def ensure_binaries(progress: Progress | None = None) -> Binaries:
     """Return the cached binaries, building whatever is missing (minutes on a cold cache)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if shutil.which("go") is None:
-        raise RuntimeError("Go is required to build the control plane (https://go.dev/dl)")
     root = cache_root()
     etcd = _ensure_etcd(root, say)
     kwok, kwok_stages = _ensure_kwok(root, say)

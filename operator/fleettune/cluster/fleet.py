@@ -186,7 +186,10 @@ class Pool(_Model):
             "status": {
                 "capacity": capacity,
                 "allocatable": dict(capacity),
-                "nodeInfo": {"architecture": self.arch, "operatingSystem": "linux"},
+                # kwok's node-initialize stage keeps these and fills the empty ones.
+                "nodeInfo": {"architecture": self.arch, "operatingSystem": "linux", **dict.fromkeys((
+                    "bootID", "containerRuntimeVersion", "kernelVersion", "kubeProxyVersion",
+                    "kubeletVersion", "machineID", "osImage", "systemUUID"), "")},
             },
         }
 

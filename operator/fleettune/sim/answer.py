@@ -1,0 +1,103 @@
+"""Turn a trial and a measurement into the result a real job would have written (pure)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fleettune.cluster.fleet import Pool, label_value
+from fleettune.sim.recordings import KernelModel, Measurement
+from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
+
+# Time to compile one configuration (NVRTC + module load); Kernel Tuner's recordings of
+# the convolution kernel show 0.8-0.9 s per configuration.
+DEFAULT_COMPILE_S = 0.85
+
+# Kernel Tuner's failure strings → the job's outcomes. A RuntimeFailedConfig is, in these
+# recordings, a launch that the driver refused (too many registers/threads for the block):
+# the job reports that as launch_error. An InvalidConfig never reaches the compiler; the
+# job's nearest verdict is compile_error.
+FAILURE_OUTCOMES = {
+    "compile": Outcome.COMPILE_ERROR,
+    "runtime": Outcome.LAUNCH_ERROR,
+    "invalid": Outcome.COMPILE_ERROR,
+}
+_FAILURE_TEXT = {
+    "compile": "CompilationFailedConfig",
+    "runtime": "RuntimeFailedConfig",
+    "invalid": "InvalidConfig",
+}
+
+
+@dataclass(frozen=True)
+class Answer:
+    result: TrialResult
+    duration_s: float  # how long the trial would have run on the node (before time scaling)
+
+
+def fingerprint(pool: Pool, labels: dict[str, str], *, synthetic: bool) -> Fingerprint:
+    """What the job would report about its GPU, read from the node's labels where present.
+
+    Labels are what a driver upgrade changes, so they win over the fleet file. The product
+    is the device name as the driver reports it (spaces, not GFD's dashes) when the label
+    still names the pool's GPU.
+    """
+    g = pool.gpu
+    product_label = labels.get("nvidia.com/gpu.product") or labels.get("fleettune.dev/gpu.product")
+    product = g.product if product_label in (None, label_value(g.product)) else str(product_label)
+    major = labels.get("nvidia.com/gpu.compute.major", g.compute_major)
+    minor = labels.get("nvidia.com/gpu.compute.minor", g.compute_minor)
+    driver = (labels.get("nvidia.com/cuda.driver-version.full")
+              or labels.get("fleettune.dev/cuda.driver-version.full") or g.driver_version)
+    runtime = labels.get("nvidia.com/cuda.runtime-version.full") or g.cuda_runtime_version
+    memory = labels.get("nvidia.com/gpu.memory")
+    return Fingerprint(
+        product=product,
+        compute_capability=f"{major}.{minor}",
+        memory_mib=int(memory) if memory and memory.isdigit() else g.memory_mib,
+        driver_version=driver,
+        cuda_runtime_version=runtime,
+        simulated=True,
+        synthetic=synthetic,
+    )
+
+
+def _scale_to_problem(m: Measurement, trial: Trial, recorded: list[int]) -> Measurement:
+    """Times scale with the number of elements when the trial's problem differs (synthetic)."""
+    if m.time_ms is None or list(trial.problem_size) == list(recorded) or not trial.problem_size:
+        return m
+    ratio = math.prod(trial.problem_size) / max(1, math.prod(recorded))
+    return Measurement(time_ms=m.time_ms * ratio, times=tuple(t * ratio for t in m.times), synthetic=True,
+                       detail=f"{m.detail or 'recorded'}; scaled from problem size {recorded} "
+                       f"to {trial.problem_size}")
+
+
+def infra(error: str, pool: Pool | None = None, labels: dict[str, str] | None = None) -> Answer:
+    fp = fingerprint(pool, labels or {}, synthetic=False) if pool else Fingerprint(simulated=True)
+    return Answer(TrialResult(outcome=Outcome.INFRA_ERROR, error=f"simulator: {error}"[:1000],
+                              fingerprint=fp), duration_s=0.2)
+
+
+def answer_trial(trial: Trial, pool: Pool, labels: dict[str, str], model: KernelModel,
+                 *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
+    m = _scale_to_problem(model.measure(trial.config), trial, model.recording.problem_size)
+    fp = fingerprint(pool, labels, synthetic=m.synthetic)
+    if m.failure is not None:
+        outcome = FAILURE_OUTCOMES[m.failure]
+        # A launch failure happens after compiling; the others instead of running.
+        duration = compile_s + (0.05 if outcome == Outcome.LAUNCH_ERROR else 0.0)
+        text = f"{_FAILURE_TEXT[m.failure]} ({m.detail})" if m.detail else _FAILURE_TEXT[m.failure]
+        return Answer(TrialResult(outcome=outcome, error=f"simulated: {text}", fingerprint=fp,
+                                  compile_s=round(compile_s, 3)), duration_s=duration)
+    assert m.time_ms is not None
+    run_s = max(m.time_ms * (trial.warmups + trial.repeats) / 1000.0, trial.min_duration_s)
+    if compile_s + run_s > trial.timeout_s:
+        return Answer(TrialResult(outcome=Outcome.TIMEOUT, fingerprint=fp,
+                                  error=f"simulated: exceeded the trial timeout of {trial.timeout_s:g}s"),
+                      duration_s=trial.timeout_s)
+    n = min(trial.repeats, len(m.times)) or 1
+    times = [round(t, 6) for t in (m.times or (m.time_ms,))[:n]]
+    result = TrialResult(outcome=Outcome.OK, objective=round(m.time_ms, 6), times=times, fingerprint=fp,
+                         compile_s=round(compile_s, 3),
+                         run_s=round(run_s, 4))
+    return Answer(result, duration_s=compile_s + run_s)

@@ -1,0 +1,342 @@
+"""The fleet simulator: answers trial Pods on KWOK fake GPU nodes like the real job would.
+
+It watches Pods labelled ``app.kubernetes.io/managed-by=fleettune`` in all namespaces. When
+one is Running on a node annotated ``kwok.x-k8s.io/node=fake`` (kwok's pod-ready stage put
+it there), it reads the trial from the ``FLEETTUNE_TRIAL`` env of the ``trial`` container,
+answers it from the node pool's recording (or synthetic model), waits the simulated
+duration × ``time_scale``, then writes the Pod's status the way a kubelet would after the
+container exited: ``state.terminated`` with the result as ``message`` and its exit code,
+phase Succeeded or Failed. The Job controller and the operator then see exactly what they
+would see on a real GPU node. Pods on real nodes are never touched.
+
+kwok must not load its ``pod-complete`` stage (it would complete the Pod first, with exit 0
+and no message); ``fleettune cluster up`` does not load it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fleettune.cluster.fleet import KWOK_ANNOTATION, POOL_LABEL, Fleet, Pool
+from fleettune.sim.answer import DEFAULT_COMPILE_S, Answer, answer_trial, infra
+from fleettune.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
+from fleettune_job.protocol import CONTAINER_NAME, TRIAL_ENV, Outcome, Trial
+
+log = logging.getLogger("fleettune.sim")
+
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=fleettune"
+
+
+@dataclass(order=True)
+class _Due:
+    at: float
+    seq: int
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    answer: Answer
+    trial: tuple[str, str, str, int]
+    tries: int = 0
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _trial_env(pod: Any) -> str | None:
+    containers = list(pod.spec.containers or [])
+    # The job's container is named `trial`; fall back to any container carrying the env.
+    containers.sort(key=lambda c: c.name != CONTAINER_NAME)
+    for c in containers:
+        for env in c.env or []:
+            if env.name == TRIAL_ENV:
+                return env.value
+    return None
+
+
+def _trial_id(pod: Any) -> tuple[str, str, str, int]:
+    ns = pod.metadata.namespace
+    text = _trial_env(pod)
+    try:
+        trial = Trial.from_env(text or "")
+    except ValueError:
+        return (ns, "", "", -1)
+    return (ns, trial.run, trial.target, trial.index)
+
+
+class FleetSimulator:
+    """Answer trial Pods on fake nodes; see the module docstring.
+
+    ``time_scale`` multiplies simulated durations (1.0: a trial takes about as long as on
+    the GPU, compile included: ~0.9 s for the convolution kernel). ``seed`` fixes the
+    synthetic models' noise. Counters: ``answered`` (one ``(namespace, run, target, index)``
+    per completed Pod, in completion order; ``("ns", "", "", -1)`` for a Pod without a
+    readable trial), ``outcomes`` (count per outcome), ``ignored`` (Pods on real nodes),
+    ``errors`` (API failures, most recent last).
+    """
+
+    def __init__(self, kubeconfig: Path | str, fleet: Fleet, time_scale: float = 1.0, seed: int = 0, *,
+                 compile_s: float = DEFAULT_COMPILE_S, label_selector: str = MANAGED_SELECTOR) -> None:
+        if time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+        self.kubeconfig = Path(kubeconfig)
+        self.fleet = fleet
+        self.time_scale = time_scale
+        self.seed = seed
+        self.compile_s = compile_s
+        self.label_selector = label_selector
+        self.answered: list[tuple[str, str, str, int]] = []
+        self.outcomes: Counter[str] = Counter()
+        self.ignored = 0
+        self.errors: list[str] = []
+        self._seen: set[str] = set()
+        self._heap: list[_Due] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._models: dict[tuple[str, str], KernelModel] = {}
+        self._fake_nodes: dict[str, bool] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> FleetSimulator:
+        if self._threads:
+            return self
+        self._stop.clear()
+        self._threads = [
+            threading.Thread(target=self._watch_loop, name="fleettune-sim-watch", daemon=True),
+            threading.Thread(target=self._complete_loop, name="fleettune-sim-complete", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads = []
+
+    def __enter__(self) -> FleetSimulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_answered(self, n: int, timeout: float = 60.0) -> bool:
+        """Block until at least ``n`` Pods have been answered (for tests and demos)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while len(self.answered) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(min(left, 0.5))
+        return True
+
+    @property
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+    # ------------------------------------------------------------------ kubernetes
+    def _api(self) -> Any:
+        from kubernetes import client, config
+
+        # One client per thread: ApiClient is not meant to be shared between threads.
+        return client.CoreV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
+
+    def _record_error(self, msg: str) -> None:
+        log.warning("%s", msg)
+        self.errors = [*self.errors[-49:], msg]
+
+    def _watch_loop(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client import ApiException
+
+        core = self._api()
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    pods = core.list_pod_for_all_namespaces(label_selector=self.label_selector,
+                                                            _request_timeout=30)
+                    for pod in pods.items:
+                        self._consider(core, pod)
+                    rv = pods.metadata.resource_version
+                w = watch.Watch()
+                # Short server-side timeouts keep stop() prompt; resuming from rv loses nothing.
+                for ev in w.stream(core.list_pod_for_all_namespaces, label_selector=self.label_selector,
+                                   resource_version=rv, timeout_seconds=1, allow_watch_bookmarks=True,
+                                   _request_timeout=30):
+                    if ev["type"] == "ERROR":
+                        raw = ev.get("raw_object") or {}
+                        if raw.get("code") == 410:
+                            rv = None
+                            break
+                        raise RuntimeError(f"watch error: {raw}")
+                    pod = ev["object"]
+                    rv = pod.metadata.resource_version
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._consider(core, pod)
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                    continue
+                self._record_error(f"watching pods: HTTP {exc.status} {exc.reason}")
+                self._stop.wait(1.0)
+            except Exception as exc:  # apiserver restarts, connection resets: retry
+                self._record_error(f"watching pods: {type(exc).__name__}: {exc}")
+                self._stop.wait(1.0)
+
+    def _is_fake(self, core: Any, node_name: str) -> bool:
+        if node_name not in self._fake_nodes:
+            node = core.read_node(node_name, _request_timeout=10)
+            annotations = node.metadata.annotations or {}
+            self._fake_nodes[node_name] = annotations.get(KWOK_ANNOTATION) == "fake"
+        return self._fake_nodes[node_name]
+
+    def _consider(self, core: Any, pod: Any) -> None:
+        uid = pod.metadata.uid
+        if (uid in self._seen or pod.metadata.deletion_timestamp is not None
+                or not pod.spec.node_name or (pod.status.phase or "") != "Running"):
+            return
+        if not self._is_fake(core, pod.spec.node_name):
+            self._seen.add(uid)
+            self.ignored += 1
+            return
+        node = core.read_node(pod.spec.node_name, _request_timeout=10)
+        answer = self.answer(pod, dict(node.metadata.labels or {}))
+        self._seen.add(uid)
+        due = _Due(at=time.monotonic() + answer.duration_s * self.time_scale, seq=next(self._seq),
+                   namespace=pod.metadata.namespace, name=pod.metadata.name, uid=uid,
+                   node=pod.spec.node_name, answer=answer, trial=_trial_id(pod))
+        with self._cv:
+            heapq.heappush(self._heap, due)
+            self._cv.notify_all()
+
+    def answer(self, pod: Any, node_labels: dict[str, str]) -> Answer:
+        """The result for a Pod on a node with these labels (no API calls)."""
+        pool_name = node_labels.get(POOL_LABEL)
+        try:
+            pool = self.fleet.pool(pool_name or "")
+        except KeyError:
+            return infra(f"node {pod.spec.node_name} has no pool of the fleet ({POOL_LABEL}={pool_name})")
+        text = _trial_env(pod)
+        if text is None:
+            return infra(f"no {TRIAL_ENV} value in the pod's containers", pool, node_labels)
+        try:
+            trial = Trial.from_env(text)
+        except ValueError as exc:
+            return infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}", pool, node_labels)
+        kernel = trial.kernel.builtin
+        if kernel is None:
+            return infra("user kernel source cannot be simulated (only built-in kernels)", pool, node_labels)
+        model = self.model(pool, kernel)
+        if model is None:
+            return infra(f"pool {pool.name} has no recording or synthetic model for kernel {kernel!r}",
+                         pool, node_labels)
+        return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
+
+    def model(self, pool: Pool, kernel: str) -> KernelModel | None:
+        key = (pool.name, kernel)
+        if key not in self._models:
+            sim = pool.simulation
+            if kernel in sim.recordings:
+                rec = load_recording(self.fleet.recording_path(sim.recordings[kernel]))
+                self._models[key] = RecordedKernel(rec)
+            elif kernel in sim.synthetic:
+                spec = sim.synthetic[kernel]
+                rec = load_recording(self.fleet.recording_path(spec.source))
+                self._models[key] = SyntheticKernel(rec, slowdown=spec.slowdown, noise=spec.noise,
+                                                    seed=self.seed, label=f"{pool.name}/{kernel}")
+            else:
+                return None
+        return self._models[key]
+
+    def _complete_loop(self) -> None:
+        core = self._api()
+        while not self._stop.is_set():
+            with self._cv:
+                while not self._stop.is_set() and (not self._heap or self._heap[0].at > time.monotonic()):
+                    wait = self._heap[0].at - time.monotonic() if self._heap else 1.0
+                    self._cv.wait(max(0.0, min(wait, 1.0)))
+                if self._stop.is_set():
+                    return
+                due = heapq.heappop(self._heap)
+            try:
+                self._complete(core, due)
+            except Exception as exc:  # keep trying while the apiserver restarts
+                self._record_error(f"completing {due.namespace}/{due.name}: {type(exc).__name__}: {exc}")
+                if due.tries < 30:
+                    due.tries += 1
+                    due.at = time.monotonic() + 1.0
+                    with self._cv:
+                        heapq.heappush(self._heap, due)
+
+    def _complete(self, core: Any, due: _Due) -> None:
+        from kubernetes.client import ApiException
+
+        try:
+            pod = core.read_namespaced_pod(due.name, due.namespace, _request_timeout=10)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted meanwhile (run cancelled, Job deleted)
+            raise
+        if (pod.metadata.uid != due.uid or pod.metadata.deletion_timestamp is not None
+                or pod.status.phase != "Running"):
+            return
+        result = due.answer.result
+        code = result.exit_code
+        now = _now_rfc3339()
+        started = {s.name: s.state.running.started_at for s in (pod.status.container_statuses or [])
+                   if s.state and s.state.running}
+        statuses = []
+        trial_container = next((c.name for c in pod.spec.containers if c.name == CONTAINER_NAME),
+                               pod.spec.containers[0].name)
+        for c in pod.spec.containers:
+            mine = c.name == trial_container
+            begun = started.get(c.name)
+            terminated = {
+                "exitCode": code if mine else 0,
+                "reason": ("Completed" if code == 0 else "Error") if mine else "Completed",
+                "startedAt": begun.strftime("%Y-%m-%dT%H:%M:%SZ") if begun else now,
+                "finishedAt": now,
+            }
+            if mine:
+                terminated["message"] = result.encode()
+            statuses.append({"name": c.name, "image": c.image, "imageID": "", "ready": False,
+                             "restartCount": 0, "started": False, "state": {"terminated": terminated}})
+        phase = "Succeeded" if code == 0 else "Failed"
+        condition = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+        body = {"status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", **condition}, {"type": "ContainersReady", **condition}],
+            # containerStatuses has no merge key: this list replaces kwok's `running` one.
+            "containerStatuses": statuses,
+        }}
+        core.patch_namespaced_pod_status(due.name, due.namespace, body, _request_timeout=10)
+        outcome = Outcome(result.outcome).value
+        with self._cv:
+            self.answered.append(due.trial)
+            self.outcomes[outcome] += 1
+            self._cv.notify_all()
+        log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, outcome,
+                 f" {result.objective:.4g} ms" if result.objective else "",
+                 " (synthetic)" if result.fingerprint.synthetic else "")
+

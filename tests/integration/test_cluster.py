@@ -1,0 +1,155 @@
+"""The local control plane: fake GPU pools, real scheduling, garbage collection, clean shutdown."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from fleettune.cluster import LocalCluster, default_fleet
+from fleettune.cluster.fleet import POOL_LABEL
+from fleettune.cluster.processes import find
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _job(name: str, pool: str, gpus: int = 1, **pod_spec) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "runtimeClassName": "nvidia",
+                "nodeSelector": {POOL_LABEL: pool},
+                "containers": [{"name": "trial", "image": "example.invalid/trial:1",
+                                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+                **pod_spec,
+            }},
+        },
+    }
+
+
+def _pods(core: client.CoreV1Api, namespace: str, job: str) -> list:
+    return core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+
+
+def test_every_pool_has_its_labelled_gpu_nodes(cluster, api_client):
+    core = client.CoreV1Api(api_client)
+    fleet = cluster.fleet
+    for pool in fleet.pools:
+        nodes = core.list_node(label_selector=f"{POOL_LABEL}={pool.name}").items
+        assert sorted(n.metadata.name for n in nodes) == pool.node_names()
+        for node in nodes:
+            labels = node.metadata.labels
+            assert labels == {**labels, **pool.node_labels(node.metadata.name)}
+            assert labels["kubernetes.io/arch"] == pool.arch
+            assert node.status.capacity["nvidia.com/gpu"] == str(pool.gpu.per_node)
+            assert node.status.allocatable["nvidia.com/gpu"] == str(pool.gpu.per_node)
+            assert {"cpu", "memory", "pods"} <= set(node.status.allocatable)
+            assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+            assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
+    a100 = core.read_node("a100-0").metadata.labels
+    assert a100["nvidia.com/gpu.product"] == "NVIDIA-A100-PCIE-40GB"
+    jetson = core.read_node("jetson-orin-0")
+    assert jetson.metadata.labels["fleettune.dev/gpu.product"] == "Jetson-AGX-Orin"
+    assert "nvidia.com/gpu.product" not in jetson.metadata.labels
+    assert [(t.key, t.value, t.effect) for t in jetson.spec.taints] == [("edge", "true", "NoSchedule")]
+
+
+def test_runtime_class_nvidia_exists(cluster, api_client):
+    rc = client.NodeV1Api(api_client).read_runtime_class("nvidia")
+    assert rc.handler == "nvidia"
+
+
+def test_scheduler_binds_gpu_jobs_to_the_selected_pool(cluster, api_client, namespace):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    batch.create_namespaced_job(namespace, _job("on-a4000", "rtx-a4000"))
+    edge = _job("on-jetson", "jetson-orin",
+                tolerations=[{"key": "edge", "operator": "Equal", "value": "true", "effect": "NoSchedule"}])
+    batch.create_namespaced_job(namespace, edge)
+    for job, pool in (("on-a4000", "rtx-a4000"), ("on-jetson", "jetson-orin")):
+        pod = wait_for(lambda job=job: [p for p in _pods(core, namespace, job) if p.status.phase == "Running"],
+                       60, f"a Running pod of {job}")[0]
+        node = core.read_node(pod.spec.node_name)
+        assert node.metadata.labels[POOL_LABEL] == pool
+    # The scheduler counts nvidia.com/gpu: an A100 node has 4, so 5 cannot fit anywhere.
+    batch.create_namespaced_job(namespace, _job("too-big", "a100", gpus=5))
+
+    def unschedulable():
+        for p in _pods(core, namespace, "too-big"):
+            for c in p.status.conditions or []:
+                if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                    return c.message
+        return None
+
+    assert "nvidia.com/gpu" in wait_for(unschedulable, 60, "the 5-GPU pod to be unschedulable")
+    # Without the toleration the tainted Jetson nodes are off limits.
+    batch.create_namespaced_job(namespace, _job("untolerated", "jetson-orin"))
+    assert "untolerated taint" in wait_for(
+        lambda: next((c.message for p in _pods(core, namespace, "untolerated")
+                      for c in p.status.conditions or [] if c.reason == "Unschedulable"), None),
+        60, "the untolerated pod to be unschedulable")
+
+
+def test_deleting_a_job_cascades_to_its_running_pods(cluster, api_client, namespace):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    batch.create_namespaced_job(namespace, _job("doomed", "a100"))
+    wait_for(lambda: [p for p in _pods(core, namespace, "doomed") if p.status.phase == "Running"], 60,
+             "a Running pod")
+    # Background propagation: the garbage collector deletes the pod, kwok's pod-delete stage
+    # plays the kubelet and removes it.
+    batch.delete_namespaced_job("doomed", namespace, propagation_policy="Background")
+    wait_for(lambda: not _pods(core, namespace, "doomed"), 60, "the pod to be garbage-collected")
+
+
+def test_owner_reference_cascade_from_a_custom_owner(cluster, api_client, namespace):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}})
+    job = _job("owned", "a100")
+    job["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                                           "uid": owner.metadata.uid, "blockOwnerDeletion": True}]
+    batch.create_namespaced_job(namespace, job)
+    wait_for(lambda: _pods(core, namespace, "owned"), 60, "the owned job's pod")
+    core.delete_namespaced_config_map("owner", namespace, propagation_policy="Foreground")
+    wait_for(lambda: not batch.list_namespaced_job(namespace).items, 60, "the job to be collected")
+    wait_for(lambda: not _pods(core, namespace, "owned"), 60, "the pod to be collected")
+
+
+def test_up_is_idempotent_restarts_keep_state_and_down_leaves_nothing(tmp_path: Path):
+    state = tmp_path / f"c-{uuid.uuid4().hex[:6]}"
+    fleet = default_fleet()
+    c = LocalCluster(state, fleet, die_with_parent=True)
+    try:
+        c.up()
+        pids = {n: info["pid"] for n, info in c.status()["components"].items()}
+        assert all(pids.values())
+        c.up()  # already up: nothing restarts
+        assert {n: info["pid"] for n, info in c.status()["components"].items()} == pids
+        c.kubectl("create", "configmap", "survivor", "--from-literal=a=b")
+        c.restart_apiserver(with_etcd=True, crash=True)
+        assert c.kubectl("get", "configmap", "survivor", "-o", "jsonpath={.data.a}").stdout == "b"
+        st = c.status()
+        assert all(info["running"] for info in st["components"].values())
+        assert sorted(st["nodes"]) == sorted(fleet.pool_names())
+    finally:
+        c.down()
+    assert not state.exists()
+    assert not find(lambda argv: any(str(state) in a for a in argv)), "a component survived `down`"
+    for pid in pids.values():
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()

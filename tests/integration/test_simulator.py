@@ -1,0 +1,173 @@
+"""The fleet simulator completes trial Pods through the real Job machinery."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+
+from fleettune.cluster.fleet import POOL_LABEL, packaged_recordings_dir
+from fleettune_job.protocol import (
+    EXIT_CODES,
+    INVALID_CONFIG_EXIT_CODES,
+    TRIAL_ENV,
+    Outcome,
+    Trial,
+    decode,
+)
+
+pytestmark = pytest.mark.integration
+
+EDGE_TOLERATION = {"key": "edge", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def a100_recording() -> dict:
+    return json.loads(gzip.decompress((packaged_recordings_dir() / "convolution_milo-A100.json.gz").read_bytes()))
+
+
+def _config(rec: dict, key: str) -> dict:
+    return dict(zip(rec["tune_params_keys"], (int(v) for v in key.split(",")), strict=True))
+
+
+def _trial_job(name: str, pool: str, config: dict | None, *, trial_env: str | None = None,
+               backoff: int = 3, tolerations: list | None = None) -> dict:
+    env = trial_env if trial_env is not None else Trial(
+        run="sim-test", target=pool, index=0, kernel={"builtin": "convolution"}, config=config or {},
+        problem_size=[4096, 4096]).to_env()
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "fleettune"}},
+        "spec": {
+            "backoffLimit": backoff,
+            "podFailurePolicy": {"rules": [
+                # An invalid configuration is an observation: fail the Job at once, no retry.
+                {"action": "FailJob",
+                 "onExitCodes": {"containerName": "trial", "operator": "In", "values": INVALID_CONFIG_EXIT_CODES}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/managed-by": "fleettune"}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {POOL_LABEL: pool},
+                    "tolerations": tolerations or [],
+                    "containers": [{
+                        "name": "trial", "image": "example.invalid/fleettune-job:1",
+                        "env": [{"name": TRIAL_ENV, "value": env}],
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def _finished(batch: client.BatchV1Api, namespace: str, name: str):
+    job = batch.read_namespaced_job(name, namespace)
+    for c in job.status.conditions or []:
+        if c.type in ("Complete", "Failed") and c.status == "True":
+            return c
+    return None
+
+
+def _terminated(core: client.CoreV1Api, namespace: str, job: str) -> list:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+    return [s.state.terminated for p in pods for s in p.status.container_statuses or []
+            if s.name == "trial" and s.state.terminated]
+
+
+def test_trial_job_completes_with_the_recorded_result(cluster, api_client, namespace, simulator, a100_recording):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    key, entry = min(((k, e) for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str)),
+                     key=lambda ke: ke[1]["time"])
+    batch.create_namespaced_job(namespace, _trial_job("best", "a100", _config(a100_recording, key)))
+    cond = wait_for(lambda: _finished(batch, namespace, "best"), 60, "the job to finish")
+    assert cond.type == "Complete"
+    [term] = _terminated(core, namespace, "best")
+    assert term.exit_code == 0 and term.reason == "Completed"
+    result = decode(term.message)
+    assert result.outcome == Outcome.OK
+    assert result.objective == pytest.approx(entry["time"])
+    assert result.times and all(t in entry["times"] for t in result.times)
+    fp = result.fingerprint
+    assert (fp.product, fp.compute_capability, fp.simulated, fp.synthetic) == (
+        "NVIDIA A100-PCIE-40GB", "8.0", True, False)
+    assert fp.driver_version == cluster.fleet.pool("a100").gpu.driver_version
+    assert (namespace, "sim-test", "a100", 0) in simulator.answered
+
+
+def test_recorded_failure_fails_the_job_at_once_by_pod_failure_policy(api_client, namespace, simulator,
+                                                                      a100_recording):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    key = next(k for k, e in a100_recording["cache"].items() if e["time"] == "RuntimeFailedConfig")
+    batch.create_namespaced_job(namespace, _trial_job("broken", "a100", _config(a100_recording, key)))
+    cond = wait_for(lambda: _finished(batch, namespace, "broken"), 60, "the job to finish")
+    assert (cond.type, cond.reason) == ("Failed", "PodFailurePolicy")
+    terms = _terminated(core, namespace, "broken")
+    assert len(terms) == 1, "no retry for an invalid configuration"
+    assert terms[0].exit_code == EXIT_CODES[Outcome.LAUNCH_ERROR]
+    result = decode(terms[0].message)
+    assert result.outcome == Outcome.LAUNCH_ERROR and "RuntimeFailedConfig" in result.error
+
+
+def test_infrastructure_failures_are_retried_not_observed(api_client, namespace, simulator):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    batch.create_namespaced_job(namespace, _trial_job("garbled", "rtx-a4000", None, trial_env="{not json",
+                                                      backoff=1))
+    cond = wait_for(lambda: _finished(batch, namespace, "garbled"), 90, "the job to give up")
+    assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
+    terms = _terminated(core, namespace, "garbled")
+    assert len(terms) == 2 and {t.exit_code for t in terms} == {EXIT_CODES[Outcome.INFRA_ERROR]}
+    assert "invalid FLEETTUNE_TRIAL" in decode(terms[0].message).error
+
+
+def test_jetson_results_are_synthetic(api_client, namespace, simulator, a100_recording):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    key = next(k for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str))
+    batch.create_namespaced_job(namespace, _trial_job("edge", "jetson-orin", _config(a100_recording, key),
+                                                      tolerations=[EDGE_TOLERATION]))
+    cond = wait_for(lambda: _finished(batch, namespace, "edge"), 60, "the job to finish")
+    assert cond.type == "Complete"
+    result = decode(_terminated(core, namespace, "edge")[0].message)
+    assert result.fingerprint.synthetic and result.fingerprint.product == "Jetson AGX Orin"
+
+
+def test_pods_on_real_nodes_are_never_touched(cluster, api_client, namespace, simulator):
+    core = client.CoreV1Api(api_client)
+    node = f"real-{uuid.uuid4().hex[:6]}"
+    core.create_node({"metadata": {"name": node, "labels": {POOL_LABEL: "a100"}}})
+    try:
+        trial = Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"}, config={},
+                      problem_size=[4096, 4096])
+        pod = core.create_namespaced_pod(namespace, {
+            "metadata": {"name": "on-real", "labels": {"app.kubernetes.io/managed-by": "fleettune"}},
+            "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
+                "name": "trial", "image": "example.invalid/x:1",
+                "env": [{"name": TRIAL_ENV, "value": trial.to_env()}]}]},
+        })
+        # Play a kubelet: the container runs.
+        core.patch_namespaced_pod_status("on-real", namespace, {"status": {"phase": "Running",
+            "containerStatuses": [{"name": "trial", "image": "example.invalid/x:1", "imageID": "", "ready": True,
+                                   "restartCount": 0, "state": {"running": {}}}]}})
+        wait_for(lambda: simulator.ignored >= 1, 15, "the simulator to see the pod")
+        time.sleep(1.0)
+        after = core.read_namespaced_pod("on-real", namespace)
+        assert after.status.phase == "Running" and after.metadata.uid == pod.metadata.uid
+    finally:
+        core.delete_node(node)
