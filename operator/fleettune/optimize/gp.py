@@ -128,8 +128,9 @@ def fit_hyper(
         mean=float(model.mean_module.constant.detach()),
         noise=float(likelihood.second_noise_covar.noise.detach().reshape(-1)[0]),
     )
-    if not (np.all(np.isfinite(hyper.lengthscale)) and math.isfinite(hyper.outputscale)):
-        return start
+    finite = [hyper.outputscale, hyper.mean, hyper.noise]
+    if not (np.all(np.isfinite(hyper.lengthscale)) and all(math.isfinite(v) for v in finite)):
+        return start  # L-BFGS can step into NaN on near-singular data; keep the last good fit
     return hyper
 
 

@@ -1,0 +1,127 @@
+"""The parts of the Bayesian optimiser: features, GP posterior, LogEI, feasibility."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from conftest import hidden_infeasible
+from fleettune.optimize.acquisition import Believers, log_ei
+from fleettune.optimize.bayes import checkpoints
+from fleettune.optimize.design import maximin
+from fleettune.optimize.feasibility import FeasibilityModel, fit_feasibility
+from fleettune.optimize.features import model_features
+from fleettune.optimize.gp import Hyper, Posterior, fit_hyper
+
+
+def test_features_expand_categoricals_and_log_sizes(space):
+    rows = space.enumerate()
+    x, xf, groups = model_features(space, rows)
+    kinds = [k for k, _ in groups]
+    assert kinds.count("categorical") == 2  # layout, unroll: one-hot, compared for equality only
+    cat = next(cols for k, cols in groups if k == "categorical")
+    block = x[:, cat]
+    assert block.shape[1] == 3 and np.allclose((block**2).sum(axis=1), 0.5)  # Hamming distance 1
+    assert x.min() >= 0 and x.max() <= 1 and x.shape == xf.shape
+    # tile is linear 1..8 for the surrogate, logarithmic for the feasibility model
+    configs = space.to_configs(rows)
+    tile = np.array([c["tile"] for c in configs])
+    j = [c for c in range(x.shape[1]) if not np.allclose(x[:, c], xf[:, c])]
+    assert len(j) == 1 and np.allclose(xf[tile == 2, j[0]], np.log(2) / np.log(8))
+
+
+def test_posterior_matches_gpytorch():
+    from botorch.models import SingleTaskGP
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    rng = np.random.default_rng(1)
+    x = rng.random((30, 3))
+    y = np.sin(6 * x[:, 0]) + x[:, 1]
+    hyper = Hyper(np.array([0.3, 0.5, 2.0]), 1.3, 0.1, 1e-3)
+    post = Posterior(x, y, np.zeros(30), hyper)
+    xc = rng.random((50, 3))
+    mean, var = post.predict(xc, fast=False)
+    covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=3))
+    model = SingleTaskGP(
+        torch.as_tensor(x),
+        torch.as_tensor(y).unsqueeze(-1),
+        torch.full((30, 1), 1e-3, dtype=torch.float64),
+        covar_module=covar,
+        outcome_transform=None,
+    )
+    covar.base_kernel.lengthscale = torch.as_tensor(hyper.lengthscale)
+    covar.outputscale = torch.tensor(1.3)
+    model.mean_module.constant.data.fill_(0.1)
+    model.eval()
+    ref = model.posterior(torch.as_tensor(xc))
+    assert torch.allclose(mean, ref.mean.squeeze(-1), atol=1e-6)
+    assert torch.allclose(var, ref.variance.squeeze(-1), atol=1e-6)
+    _, var32 = post.predict(xc, fast=True)
+    assert torch.allclose(var, var32, atol=1e-4)
+
+
+def test_fit_recovers_relevant_dimensions():
+    rng = np.random.default_rng(2)
+    x = rng.random((60, 3))
+    y = np.sin(5 * x[:, 0])  # only the first feature matters
+    y = (y - y.mean()) / y.std()
+    hyper = fit_hyper(x, y, np.zeros(60))
+    assert hyper.lengthscale[0] < hyper.lengthscale[1] and hyper.lengthscale[0] < hyper.lengthscale[2]
+    again = fit_hyper(x, y, np.zeros(60))  # deterministic: same data, same fit
+    assert np.array_equal(again.lengthscale, hyper.lengthscale) and again.noise == hyper.noise
+
+
+def test_log_ei_is_exact_and_finite_in_the_tail():
+    mean = torch.tensor([0.0, 1.0, 3.0, 40.0], dtype=torch.float64)
+    var = torch.ones(4, dtype=torch.float64)
+    got = log_ei(mean, var, best=0.5)
+    u = (0.5 - mean)
+    naive = torch.log(torch.exp(-0.5 * u**2) / math.sqrt(2 * math.pi) + u * torch.special.ndtr(u))
+    assert torch.allclose(got[:3], naive[:3], rtol=1e-6)
+    assert torch.isfinite(got).all() and got[3] < got[2] < got[1] < got[0]
+
+
+def test_believers_shrink_variance_near_the_believed_point():
+    x = np.array([[0.0], [1.0]])
+    post = Posterior(x, np.array([0.0, 1.0]), np.zeros(2), Hyper(np.array([0.2]), 1.0, 0.0, 1e-4))
+    xc = torch.linspace(0, 1, 11, dtype=torch.float64).unsqueeze(-1)
+    _, var = post.predict(xc, fast=False)
+    b = Believers(var, 1e-4)
+    b.add(5, post.cov_with(xc, xc[5:6]).squeeze(-1))
+    assert b.var[5] < 1e-3 < var[5]
+    assert b.var[0] == var[0] or abs(float(b.var[0] - var[0])) < 1e-6
+
+
+def test_feasibility_model_learns_planted_region(space):
+    rows = space.enumerate()
+    _, xf, _ = model_features(space, rows)
+    bad = np.array([hidden_infeasible(c) for c in space.to_configs(rows)])
+    rng = np.random.default_rng(0)
+    train = rng.choice(len(rows), 80, replace=False)
+    test = np.setdiff1d(np.arange(len(rows)), train)
+    hyper = fit_feasibility(xf[train], ~bad[train], None, 60)
+    p = FeasibilityModel(xf[train], ~bad[train], hyper).prob(xf[test]).numpy()
+    assert p[bad[test]].mean() < 0.3
+    assert p[~bad[test]].mean() > 0.8
+    accuracy = ((p > 0.5) == ~bad[test]).mean()
+    assert accuracy > 0.9
+
+
+def test_maximin_spreads_and_avoids_chosen_points():
+    rng = np.random.default_rng(0)
+    grid = np.array([[i / 9, j / 9] for i in range(10) for j in range(10)])
+    avail = np.ones(100, dtype=bool)
+    picks = maximin(grid, avail, np.zeros((0, 2)), 4, rng)
+    assert len(set(picks.tolist())) == 4
+    d = np.sqrt(((grid[picks][:, None] - grid[picks][None]) ** 2).sum(-1)) + np.eye(4) * 9
+    assert d.min() > 0.5  # spread over the square, not clustered
+    more = maximin(grid, avail, grid[picks], 1, rng)
+    assert np.sqrt(((grid[picks] - grid[more[0]]) ** 2).sum(-1)).min() > 0.4
+
+
+def test_refit_checkpoints_depend_on_history_length_only():
+    marks = checkpoints(220, 0.25)
+    assert marks[0] == 1 and marks[-1] <= 220 and len(marks) < 30
+    assert checkpoints(100, 0.25) == [m for m in marks if m <= 100]
