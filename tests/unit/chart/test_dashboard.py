@@ -1,0 +1,115 @@
+"""The Grafana dashboard only queries metrics the operator exports, and covers what the issue asks."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fleettune import metrics
+
+DASHBOARD = Path(__file__).resolve().parents[3] / "charts" / "fleettune" / "dashboards" / "fleettune.json"
+
+# PromQL words that look like metric names but are not.
+KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or", "unless",
+    "inf", "nan", "le",
+}
+
+
+def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            yield panel["title"], target["expr"]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            yield f"${var['name']}", var["query"]["query"]
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (or a Grafana label_values() query)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings: label values, regexes
+    s = re.sub(r"\{[^}]*\}", "", s)  # label matchers
+    s = re.sub(r"\[[^\]]*\]", "", s)  # range selectors and $__rate_interval
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)  # grouping labels
+    s = re.sub(r"label_values\(([^,()]+),[^)]*\)", r"\1", s)  # label_values(metric, label): keep the metric
+    s = re.sub(r"\$\w+", "", s)  # Grafana variables
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        word, rest = m.group(0), s[m.end():]
+        if rest.lstrip().startswith("(") or word.lower() in KEYWORDS:
+            continue  # a function or aggregation, or a keyword
+        names.add(word)
+    return names
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_extractor_finds_metric_names() -> None:
+    expr = ('histogram_quantile(0.95, sum by (le, target) (rate(fleettune_trial_queue_wait_seconds_bucket'
+            '{namespace=~"$namespace", outcome=~"a|b"}[$__rate_interval]))) / on (run) group_left '
+            'fleettune_budget_trials and on (instance, job) fleettune_build_info or vector(0)')
+    assert metric_names(expr) == {
+        "fleettune_trial_queue_wait_seconds_bucket", "fleettune_budget_trials", "fleettune_build_info"
+    }
+    assert metric_names('label_values(fleettune_run_phase{namespace=~"$namespace"}, run)') == {"fleettune_run_phase"}
+
+
+def test_every_query_uses_only_exported_metrics(dashboard: dict[str, Any]) -> None:
+    # A fresh Metrics has every fleettune family; the default registry adds process_*.
+    exported = metrics.Metrics(CollectorRegistry()).sample_names() | metrics.sample_names(metrics.REGISTRY)
+    assert "fleettune_trials_total" in exported
+    checked = 0
+    for where, expr in queries(dashboard):
+        names = metric_names(expr)
+        assert names, f"{where}: no metric in {expr!r}"
+        unknown = names - exported
+        assert not unknown, f"{where}: {sorted(unknown)} are not exported by fleettune.metrics"
+        checked += 1
+    assert checked >= 20
+
+
+def test_a_typo_would_be_caught(dashboard: dict[str, Any]) -> None:
+    exported = metrics.Metrics(CollectorRegistry()).sample_names()
+    assert metric_names("rate(fleettune_trial_total[5m])") - exported == {"fleettune_trial_total"}
+
+
+def test_dashboard_covers_the_issue(dashboard: dict[str, Any]) -> None:
+    used = set().union(*(metric_names(e) for _, e in queries(dashboard)))
+    assert {
+        "fleettune_best_objective_milliseconds",  # best-so-far curves
+        "fleettune_budget_used_trials",  # ... against trials
+        "fleettune_trials_total",  # outcome rates
+        "fleettune_trials_in_flight", "fleettune_trials_parallelism",  # fleet utilisation
+        "fleettune_trial_queue_wait_seconds_bucket",  # queue wait
+        "fleettune_suggestion_duration_seconds_bucket",  # suggestion latency
+        "fleettune_pool_stale",  # stale pools
+        "fleettune_pool_fingerprint_info",
+    } <= used
+    outcome_regexes = " ".join(e for _, e in queries(dashboard) if "fleettune_trials_total" in e)
+    for outcome in metrics.INVALID_OUTCOMES:
+        assert outcome in outcome_regexes  # the "invalid" rate misses no invalid outcome
+    assert 'outcome="infra_error"' in outcome_regexes and 'outcome="ok"' in outcome_regexes
+
+
+def test_dashboard_structure(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] == "fleettune"
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "run", "target"} <= variables
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            for var in re.findall(r"\$(\w+)", target["expr"]):
+                assert var in variables or var.startswith("__"), f"{panel['title']}: unknown ${var}"
