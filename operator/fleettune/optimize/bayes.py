@@ -19,7 +19,7 @@ import torch
 from .acquisition import Believers, log_ei
 from .design import feature_weights, maximin
 from .feasibility import FeasibilityModel, fit_feasibility
-from .gp import Hyper, Posterior, fit_hyper
+from .gp import Hyper, Posterior, fit_hyper, matern52
 from .problem import Candidates, History
 from .strategy import Strategy, take_random
 
@@ -227,14 +227,16 @@ class BayesOpt(Strategy):
                 selectable = keep
 
         believers = Believers(var, gp.noise_extra)
-        ks_all = None
+        ks_all: torch.Tensor | None = None
 
         def believe(j: int) -> None:
             nonlocal ks_all
-            if ks_all is None:
-                ks_all = gp.cross(xs)
+            if ks_all is None:  # only batches and pending trials pay for this
+                ks_all = gp.cross(xs, fast=True)
             xb = xs[j : j + 1]
-            cov0 = gp.s2 * _col(xs, xb, gp) - ks_all @ (gp.k_inv @ gp.cross(xb).T).squeeze(-1)
+            w = (gp.k_inv @ gp.cross(xb).T).to(torch.float32)
+            kb = matern52(xs.to(torch.float32), xb.to(torch.float32), gp.ls).squeeze(-1)
+            cov0 = gp.s2 * kb - (ks_all @ w).squeeze(-1)
             believers.add(j, cov0)
 
         for j in range(len(pool), len(scored)):
@@ -249,9 +251,3 @@ class BayesOpt(Strategy):
             if len(picks) < n:
                 believe(j)
         return np.array(picks, dtype=np.int64)
-
-
-def _col(xs: torch.Tensor, xb: torch.Tensor, gp: Posterior) -> torch.Tensor:
-    from .gp import matern52
-
-    return matern52(xs.to(torch.float64), xb.to(torch.float64), gp.ls).squeeze(-1)
