@@ -170,19 +170,46 @@ class Metrics:
         used: int,
         budget: int,
         in_flight: int,
-        parallelism: int,
+        parallelism: int | None,
         best_ms: float | None,
         speedup: float | None = None,
     ) -> None:
-        """The pool's gauges, from the status the loop just computed (call every step)."""
+        """The pool's gauges (observe_status calls this for every target of a status)."""
         self._child(self.budget_used, namespace, run, target).set(used)
         self._child(self.budget, namespace, run, target).set(budget)
         self._child(self.in_flight, namespace, run, target).set(in_flight)
-        self._child(self.parallelism, namespace, run, target).set(parallelism)
+        if parallelism is not None:
+            self._child(self.parallelism, namespace, run, target).set(parallelism)
         if best_ms is not None:
             self._child(self.best, namespace, run, target).set(best_ms)
         if speedup is not None:
             self._child(self.speedup, namespace, run, target).set(speedup)
+
+    def observe_status(
+        self, namespace: str, run: str, status: Mapping[str, Any], *, parallelism: int | None = None
+    ) -> None:
+        """Every gauge of a run from its status (the camelCase dict written to the API server).
+
+        One call after each status computation keeps the gauges in step with what users see in
+        `kubectl get`; it also serves runs that are already finished when the operator starts.
+        """
+        self.set_run_phase(namespace, run, str(status.get("phase") or "Pending"))
+        for t in status.get("targets") or []:
+            name = t["name"]
+            best = (t.get("best") or {}).get("objectiveMs")
+            self.pool_progress(
+                namespace, run, name, used=int(t.get("completed", 0)), budget=int(t.get("budget", 0)),
+                in_flight=int(t.get("running", 0)), parallelism=parallelism, best_ms=best, speedup=t.get("speedup"),
+            )
+            # Exported as 0 too, so that `sum(fleettune_pool_stale)` is 0 rather than empty.
+            self.pool_stale(namespace, run, name, bool(t.get("stale", False)))
+            fp = t.get("fingerprint") or {}
+            if fp.get("product"):
+                self.fingerprint_info(
+                    namespace, run, name, product=fp["product"], driver=fp.get("driverVersion", ""),
+                    cuda=fp.get("cudaRuntimeVersion", ""), compute_capability=fp.get("computeCapability", ""),
+                    simulated=bool(fp.get("simulated", False)),
+                )
 
     def set_run_phase(self, namespace: str, run: str, phase: str) -> None:
         if phase not in RUN_PHASES:
@@ -322,13 +349,17 @@ def trial_recorded(
 
 
 def pool_progress(
-    namespace: str, run: str, target: str, *, used: int, budget: int, in_flight: int, parallelism: int,
+    namespace: str, run: str, target: str, *, used: int, budget: int, in_flight: int, parallelism: int | None,
     best_ms: float | None, speedup: float | None = None,
 ) -> None:
     METRICS.pool_progress(
         namespace, run, target, used=used, budget=budget, in_flight=in_flight, parallelism=parallelism,
         best_ms=best_ms, speedup=speedup,
     )
+
+
+def observe_status(namespace: str, run: str, status: Mapping[str, Any], *, parallelism: int | None = None) -> None:
+    METRICS.observe_status(namespace, run, status, parallelism=parallelism)
 
 
 def run_phase(namespace: str, run: str, phase: str) -> None:

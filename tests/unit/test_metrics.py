@@ -184,3 +184,43 @@ def test_http_server_serves_the_registry(m: Metrics) -> None:
         thread.join(5)
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert fams["fleettune_trials"].samples[0].value == 1.0
+
+
+def test_observe_status_sets_every_gauge_from_a_real_status(m: Metrics) -> None:
+    from fleettune.results import TrialRecord
+    from fleettune.status import run_status, target_status
+    from fleettune_job.protocol import Fingerprint, Outcome
+
+    fp = Fingerprint(product="NVIDIA A100", driver_version="550.54", cuda_runtime_version="12.4",
+                     compute_capability="8.0", simulated=True)
+    recs = [
+        TrialRecord(target="a100", index=0, config={"b": 16}, key="b=16", outcome=Outcome.OK, objective=2.0,
+                    fingerprint=fp),
+        TrialRecord(target="a100", index=1, config={"b": 32}, key="b=32", outcome=Outcome.OK, objective=0.8,
+                    fingerprint=fp),
+        TrialRecord(target="a100", index=2, config={"b": 64}, key="b=64", outcome=Outcome.COMPILE_ERROR),
+        TrialRecord(target="a100", index=3, config={"b": 64}, key="b=64", outcome=Outcome.INFRA_ERROR),
+    ]
+    ts = [target_status(name="a100", phase="Running", budget=40, records=recs, running=3, default_key="b=16"),
+          target_status(name="orin", phase="Unschedulable", budget=40, records=[], running=0)]
+    status = run_status(previous=None, generation=1, phase="Running", targets=ts, results=None, reason="Tuning",
+                        message="").model_dump(by_alias=True, exclude_none=True, mode="json")
+    m.observe_status("ns", "conv", status, parallelism=4)
+    a100 = {"namespace": "ns", "run": "conv", "target": "a100"}
+    assert value(m, "fleettune_run_phase", namespace="ns", run="conv", phase="Running") == 1
+    assert value(m, "fleettune_budget_used_trials", **a100) == 3  # infra failures do not spend the budget
+    assert value(m, "fleettune_budget_trials", **a100) == 40
+    assert value(m, "fleettune_trials_in_flight", **a100) == 3
+    assert value(m, "fleettune_trials_parallelism", **a100) == 4
+    assert value(m, "fleettune_best_objective_milliseconds", **a100) == 0.8
+    assert value(m, "fleettune_speedup_ratio", **a100) == 2.5
+    assert value(m, "fleettune_pool_stale", **a100) == 0
+    assert value(m, "fleettune_pool_fingerprint_info", **a100, product="NVIDIA A100", driver="550.54", cuda="12.4",
+                 compute_capability="8.0", simulated="true") == 1
+    orin = {"namespace": "ns", "run": "conv", "target": "orin"}
+    assert value(m, "fleettune_budget_used_trials", **orin) == 0
+    assert value(m, "fleettune_best_objective_milliseconds", **orin) is None  # no result: no made-up best
+    # Without the spec at hand (a settled run), the parallelism gauge is left alone.
+    m.observe_status("ns", "conv", {**status, "phase": "Succeeded"})
+    assert value(m, "fleettune_trials_parallelism", **a100) == 4
+    assert value(m, "fleettune_run_phase", namespace="ns", run="conv", phase="Succeeded") == 1
