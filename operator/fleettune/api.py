@@ -77,8 +77,7 @@ class RangeSpec(_Model):
 
 class ParameterSpec(_Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
-        {"rule": "!(self.type in ['ordinal', 'categorical']) || has(self.values)",
-         "message": "ordinal and categorical parameters need values"},
+        # (`values` holds scalars of any type, which CEL cannot see: the operator checks it.)
         {"rule": "!(self.type in ['integer', 'real']) || has(self.range)",
          "message": "integer and real parameters need a range"},
         {"rule": "self.type != 'permutation' || has(self.size)", "message": "permutation parameters need a size"},

@@ -23,6 +23,7 @@ _DROP = {"title", "additionalProperties", "$defs"}
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Trials", "type": "string", "jsonPath": ".status.progress", "description": "recorded / budget"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Best", "type": "string", "jsonPath": ".status.bestSummary", "description": "best time per pool"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
