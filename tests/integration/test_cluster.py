@@ -153,3 +153,14 @@ def test_up_is_idempotent_restarts_keep_state_and_down_leaves_nothing(tmp_path: 
     assert not find(lambda argv: any(str(state) in a for a in argv)), "a component survived `down`"
     for pid in pids.values():
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_status_command_reports_components_and_pools(cluster, capsys):
+    from fleettune.cluster.cli import main
+
+    assert main(["status", "--state-dir", str(cluster.state_dir)]) == 0
+    out = capsys.readouterr().out
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+        assert f"{name} " in out and "running (pid" in out
+    assert "pool a100               2 node(s), 2 Ready, 8 GPU(s), amd64" in out
+    assert "pool jetson-orin        2 node(s), 2 Ready, 2 GPU(s), arm64" in out

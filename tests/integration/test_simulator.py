@@ -170,4 +170,25 @@ def test_pods_on_real_nodes_are_never_touched(cluster, api_client, namespace, si
         after = core.read_namespaced_pod("on-real", namespace)
         assert after.status.phase == "Running" and after.metadata.uid == pod.metadata.uid
     finally:
+        # No kubelet will ever confirm this pod's deletion: force it.
+        core.delete_namespaced_pod("on-real", namespace, grace_period_seconds=0)
         core.delete_node(node)
+
+
+def test_a_trial_pod_deleted_while_running_is_removed_and_never_answered(cluster, api_client, namespace,
+                                                                          a100_recording):
+    from fleettune.sim import FleetSimulator
+
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    key = next(k for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str))
+    # A slow simulator: the trial would take ~90 s, so the deletion lands mid-run.
+    with FleetSimulator(cluster.kubeconfig, cluster.fleet, time_scale=100) as slow:
+        batch.create_namespaced_job(namespace, _trial_job("cut", "a100", _config(a100_recording, key),
+                                                          backoff=0))
+        wait_for(lambda: slow.pending == 1, 30, "the simulator to start the trial")
+        pod = core.list_namespaced_pod(namespace, label_selector="job-name=cut").items[0]
+        core.delete_namespaced_pod(pod.metadata.name, namespace)
+        # kwok's pod-delete stage plays the kubelet: the pod goes away at once.
+        wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace, label_selector="job-name=cut").items
+                              if p.metadata.uid == pod.metadata.uid], 20, "the pod to be removed")
+    assert slow.answered == [] and not slow.errors

@@ -24,7 +24,14 @@ import yaml
 
 from fleettune.cluster import processes
 from fleettune.cluster.binaries import Binaries, cache_root, ensure_binaries
-from fleettune.cluster.fleet import KWOK_ANNOTATION, POOL_LABEL, Fleet, default_fleet, parse_fleet
+from fleettune.cluster.fleet import (
+    KWOK_ANNOTATION,
+    POOL_LABEL,
+    Fleet,
+    default_fleet,
+    packaged_data_dir,
+    parse_fleet,
+)
 from fleettune.cluster.network import advertise_address, free_port, port_is_free
 from fleettune.cluster.pki import SERVICE_CIDR, Pki, ensure_pki
 
@@ -40,8 +47,9 @@ _PORTS = {
     "kwok": ("kwok",),
 }
 POD_CIDR = "10.244.0.0/16"
-# The fast kwok stages we load. Deliberately not `pod-complete`: it would finish every Job
-# pod with exit 0 and no result; the fleet simulator completes trial pods instead.
+# The fast kwok stages we load, plus fleettune's own (data/kwok/). Deliberately not
+# `pod-complete`: it would finish every Job pod with exit 0 and no result; the fleet
+# simulator completes trial pods instead.
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",
     "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
@@ -285,6 +293,8 @@ class LocalCluster:
             if not src.is_file():
                 raise ClusterError(f"kwok stage {src} is missing: rebuild kwok (rm -r {bins.kwok.parent})")
             docs.append(src.read_text().strip())
+        for own in sorted((packaged_data_dir() / "kwok").glob("*.yaml")):
+            docs.append(own.read_text().strip())
         (self.state_dir / "kwok-stages.yaml").write_text("\n---\n".join(docs) + "\n")
 
     def _argv(self, name: str) -> list[str]:

@@ -106,7 +106,6 @@ class FleetSimulator:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._models: dict[tuple[str, str], KernelModel] = {}
-        self._fake_nodes: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> FleetSimulator:
@@ -204,24 +203,31 @@ class FleetSimulator:
                 self._record_error(f"watching pods: {type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
-    def _is_fake(self, core: Any, node_name: str) -> bool:
-        if node_name not in self._fake_nodes:
-            node = core.read_node(node_name, _request_timeout=10)
-            annotations = node.metadata.annotations or {}
-            self._fake_nodes[node_name] = annotations.get(KWOK_ANNOTATION) == "fake"
-        return self._fake_nodes[node_name]
-
     def _consider(self, core: Any, pod: Any) -> None:
+        from kubernetes.client import ApiException
+
         uid = pod.metadata.uid
         if (uid in self._seen or pod.metadata.deletion_timestamp is not None
                 or not pod.spec.node_name or (pod.status.phase or "") != "Running"):
             return
-        if not self._is_fake(core, pod.spec.node_name):
+        try:
+            node = core.read_node(pod.spec.node_name, _request_timeout=10)
+        except ApiException as exc:
+            if exc.status != 404:
+                # One pod must not stall the others: note it, retry on its next event.
+                self._record_error(f"reading node {pod.spec.node_name}: HTTP {exc.status} {exc.reason}")
+                return
+            node = None  # a pod bound to a node that is gone: nobody's GPU, leave it to pod GC
+        if node is None or (node.metadata.annotations or {}).get(KWOK_ANNOTATION) != "fake":
             self._seen.add(uid)
             self.ignored += 1
             return
-        node = core.read_node(pod.spec.node_name, _request_timeout=10)
-        answer = self.answer(pod, dict(node.metadata.labels or {}))
+        labels = dict(node.metadata.labels or {})
+        try:
+            answer = self.answer(pod, labels)
+        except Exception as exc:  # a bug or an unreadable recording: fail this trial, not the loop
+            self._record_error(f"answering {pod.metadata.namespace}/{pod.metadata.name}: {exc!r}")
+            answer = infra(f"internal error: {exc!r}")
         self._seen.add(uid)
         due = _Due(at=time.monotonic() + answer.duration_s * self.time_scale, seq=next(self._seq),
                    namespace=pod.metadata.namespace, name=pod.metadata.name, uid=uid,
