@@ -1,0 +1,67 @@
+"""What the simulator answers for a Pod, before any API call (no cluster needed)."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from fleettune.cluster.fleet import default_fleet
+from fleettune.sim import FleetSimulator
+from fleettune_job.protocol import EXIT_CODES, TRIAL_ENV, Outcome, Trial
+
+FLEET = default_fleet()
+CONFIG = {"block_size_x": 32, "block_size_y": 4, "tile_size_x": 1, "tile_size_y": 3, "read_only": 1,
+          "use_padding": 0, "use_shmem": 1}
+
+
+def _pod(env: str | None, container: str = "trial") -> client.V1Pod:
+    envs = [client.V1EnvVar(name=TRIAL_ENV, value=env)] if env is not None else []
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name="p", namespace="ns", uid="u"),
+        spec=client.V1PodSpec(node_name="a100-0", containers=[
+            client.V1Container(name="sidecar", image="s"), client.V1Container(name=container, image="t", env=envs)]),
+    )
+
+
+def _trial(**kw) -> str:
+    base = {"run": "r", "target": "a100", "index": 3, "kernel": {"builtin": "convolution"}, "config": CONFIG,
+            "problem_size": [4096, 4096]}
+    return Trial.model_validate(base | kw).to_env()
+
+
+def _sim() -> FleetSimulator:
+    return FleetSimulator("/nonexistent/kubeconfig", FLEET, time_scale=0)
+
+
+def test_a_recorded_trial_is_answered_from_the_pool_recording():
+    ans = _sim().answer(_pod(_trial()), FLEET.pool("a100").node_labels("a100-0"))
+    assert ans.result.outcome == Outcome.OK and ans.result.objective == 0.5536
+    assert not ans.result.fingerprint.synthetic
+
+
+def test_the_same_trial_on_the_jetson_pool_is_synthetic():
+    ans = _sim().answer(_pod(_trial()), FLEET.pool("jetson-orin").node_labels("jetson-orin-0"))
+    assert ans.result.outcome == Outcome.OK and ans.result.fingerprint.synthetic
+    assert ans.result.objective > 0.5536 * 2
+
+
+def test_unanswerable_pods_get_infra_errors_that_say_why():
+    sim = _sim()
+    labels = FLEET.pool("a100").node_labels("a100-0")
+    cases = {
+        "no FLEETTUNE_TRIAL": sim.answer(_pod(None), labels),
+        "invalid FLEETTUNE_TRIAL": sim.answer(_pod("{"), labels),
+        "no pool of the fleet": sim.answer(_pod(_trial()), {"fleettune.dev/pool": "h100"}),
+        "user kernel source": sim.answer(_pod(_trial(kernel={"source_path": "/k.cu"})), labels),
+        "no recording or synthetic model for kernel 'gemm'": sim.answer(
+            _pod(_trial(kernel={"builtin": "gemm"})), labels),
+    }
+    for text, ans in cases.items():
+        assert ans.result.outcome == Outcome.INFRA_ERROR, text
+        assert ans.result.exit_code == EXIT_CODES[Outcome.INFRA_ERROR]
+        assert text in ans.result.error and ans.result.error.startswith("simulator: ")
+
+
+def test_the_trial_container_is_found_by_name_or_by_its_env():
+    sim = _sim()
+    labels = FLEET.pool("a100").node_labels("a100-0")
+    assert sim.answer(_pod(_trial(), container="main"), labels).result.outcome == Outcome.OK
