@@ -13,6 +13,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -57,7 +58,7 @@ KWOK_STAGES = (
     "pod/fast/pod-delete.yaml",
 )
 RUNTIME_CLASS = "nvidia"
-DEFAULT_STATE_DIR = Path("~/.cache/fleettune/clusters/default").expanduser()
+DEFAULT_STATE_DIR = cache_root() / "clusters" / "default"  # ~/.cache/fleettune/clusters/default
 
 
 class ClusterError(RuntimeError):
@@ -152,7 +153,8 @@ class LocalCluster:
     def up(self, progress: Progress | None = None) -> None:
         """Start whatever is not running (all of it on first use) and the fleet's nodes.
 
-        Idempotent: on a running cluster it only checks health and creates missing nodes.
+        Idempotent: on a running cluster it starts only what is not running (a crashed
+        component comes back on its old ports, with its data) and creates missing nodes.
         """
         say = progress or _quiet
         started = time.monotonic()
@@ -161,7 +163,11 @@ class LocalCluster:
         self.state_dir.chmod(0o700)
         state = self._read_state()
         if "ports" not in state:
-            state["ports"] = {key: free_port() for keys in _PORTS.values() for key in keys}
+            keys = [key for names in _PORTS.values() for key in names]
+            ports: set[int] = set()
+            while len(ports) < len(keys):  # the kernel may hand out a just-closed port twice
+                ports.add(free_port())
+            state["ports"] = dict(zip(keys, sorted(ports), strict=True))
             state["advertise_address"] = advertise_address()
             self._write_state(state)
         if not self.fleet_file.is_file() or self._fleet is not None:
@@ -358,8 +364,11 @@ class LocalCluster:
                 raise ClusterError(f"cannot start {name}: port {ports[key]} ({key}) is taken by another process")
         t0 = time.monotonic()
         say(f"starting {name}")
+        # The kernel's parent-death signal fires when the *thread* that forked exits: only
+        # bind components to the main thread, never to a short-lived worker thread.
+        bind = self.die_with_parent and threading.current_thread() is threading.main_thread()
         rec = processes.start(name, self._argv(name), log=self.logs_dir / f"{name}.log", pid_dir=self._pids,
-                              cwd=self.state_dir, die_with_parent=self.die_with_parent)
+                              cwd=self.state_dir, die_with_parent=bind)
         try:
             self._wait_healthy(name, rec)
         except ClusterError:
