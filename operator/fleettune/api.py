@@ -134,7 +134,9 @@ class TargetSpec(_Model):
 
 
 class JobTemplateSpec(_Model):
-    image: str = Field(default="ghcr.io/fleettune/job:0.1.0", max_length=512)
+    image: str | None = Field(
+        default=None, max_length=512, description="Job image; default: the operator's FLEETTUNE_JOB_IMAGE."
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     ttl_seconds_after_finished: int = Field(default=3600, ge=0, le=604_800)
     backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")

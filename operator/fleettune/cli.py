@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("fleettune.controller.run", "run the operator against the current kubeconfig"),
     "simulate": ("fleettune.sim.cli", "answer trial Pods on fake GPU nodes from recorded measurements"),
     "demo": ("fleettune.demo", "local control plane + fleet + operator + examples/convolution-fleet.yaml"),
+    "report": ("fleettune.report", "per-pool table and an HTML/PNG report of a run"),
     "crd": ("fleettune.crd", "print the TuningRun CustomResourceDefinition generated from the models"),
     "bench": ("fleettune.bench", "benchmarks: `bench space`, `bench strategy`"),
 }

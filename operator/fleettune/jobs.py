@@ -9,6 +9,7 @@ deleting the run garbage-collects its Jobs and their Pods.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
@@ -21,6 +22,12 @@ TARGET_LABEL = f"{GROUP}/target"
 TRIAL_LABEL = f"{GROUP}/trial"
 CONFIG_ANNOTATION = f"{GROUP}/config"
 NON_ROOT_UID = 10001
+DEFAULT_JOB_IMAGE = "ghcr.io/fleettune/job:0.1.0"
+
+
+def default_job_image() -> str:
+    """The image of runs that name none: the chart sets FLEETTUNE_JOB_IMAGE on the operator."""
+    return os.environ.get("FLEETTUNE_JOB_IMAGE") or DEFAULT_JOB_IMAGE
 # The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
 # deadline is only a backstop, so it also allows for image pulls and start-up.
 STARTUP_ALLOWANCE_S = 120
@@ -111,7 +118,7 @@ def render_job(
         "containers": [
             {
                 "name": CONTAINER_NAME,
-                "image": target.image or tmpl.image,
+                "image": target.image or tmpl.image or default_job_image(),
                 "imagePullPolicy": tmpl.image_pull_policy,
                 "env": [
                     {"name": TRIAL_ENV, "value": trial.to_env()},

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from fleettune import GROUP, PLURAL, VERSION
+from fleettune.cluster.network import free_port
 from fleettune.crd import render
 from fleettune.store import DATA_KEY, RESULTS_OF, decode_shard
 
@@ -38,12 +39,18 @@ class OperatorProcess:
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.metrics_port = free_port()
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"operator-{self.namespace}-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace],
+            [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace,
+             "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -170,3 +171,43 @@ def test_semantic_errors_become_a_condition_naming_the_field(cluster, namespace,
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert "spec.constraints[4]" in ready["message"] and "block_size_q" in ready["message"]
     assert not jobs(cluster, namespace, "semantic")
+
+
+def _scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:  # the operator is still starting
+        return {}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _total(samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, lbl), v in samples.items() if n == name and want <= lbl)
+
+
+def test_metrics_move_while_the_run_progresses(cluster, namespace, simulator, operator):
+    budget = 8
+    assert apply(cluster, namespace, example("observed", trialsPerTarget=budget, parallelism=2)).returncode == 0
+    early = wait_for(
+        lambda: (s := _scrape(operator.metrics_url)) and _total(s, "fleettune_trials_total", run="observed") >= 2 and s,
+        120, "the first trials in the metrics",
+    )
+    run = wait_phase(cluster, namespace, "observed", 240, operator)
+    late = _scrape(operator.metrics_url)
+    trials = _total(late, "fleettune_trials_total", run="observed")
+    assert trials > _total(early, "fleettune_trials_total", run="observed")
+    recorded = run["status"]["trials"]
+    assert trials == recorded["completed"] + recorded["infraFailed"]
+    assert _total(late, "fleettune_suggestion_duration_seconds_count", run="observed") > 0
+    for target in run["status"]["targets"]:
+        best = _total(late, "fleettune_best_objective_milliseconds", run="observed", target=target["name"])
+        assert best == pytest.approx(target["best"]["objectiveMs"])
+    assert _total(late, "fleettune_run_phase", run="observed", phase="Succeeded") == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from fleettune import GROUP, PLURAL, VERSION
+from fleettune import GROUP, PLURAL, VERSION, metrics
 from fleettune.controller.kube import Kube
 from fleettune.controller.tuner import RunLoop, is_settled
 from fleettune.jobs import MANAGED_BY
@@ -56,7 +56,9 @@ def job_event(body: kopf.Body, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def run_event(uid: str, **_: Any) -> None:
+def run_event(uid: str, name: str, namespace: str, type: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        metrics.forget_run(namespace, name)
     _wake(uid)
 
 
@@ -68,6 +70,12 @@ async def tune(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: l
         while not stopped:
             wake.clear()
             if is_settled(body):
+                # Runs finished before this operator started still get their gauges.
+                budget = (body.get("spec") or {}).get("budget") or {}
+                metrics.observe_status(
+                    body.metadata.namespace, body.metadata.name, dict(body.get("status") or {}),
+                    parallelism=budget.get("parallelism"),
+                )
                 timeout = SETTLED_WAKEUP_S
             else:
                 try:
@@ -76,6 +84,7 @@ async def tune(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: l
                     raise
                 except Exception as exc:  # keep tuning after API hiccups; report and retry
                     logger.exception("tuning step failed: %s", exc)
+                    metrics.reconcile_error(body.metadata.namespace, body.metadata.name)
                     finished = False
                 timeout = SETTLED_WAKEUP_S if finished else IDLE_WAKEUP_S
             with contextlib.suppress(TimeoutError):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from fleettune import metrics
 from fleettune.api import TargetSpec, TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.kube import Kube
 from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector
@@ -51,6 +53,13 @@ def parse_spec(raw: Mapping[str, Any]) -> TuningRunSpec:
 
 def _selector(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    # Timed inside the worker thread, so waiting for a free thread is not counted.
+    started = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - started
 
 
 def trial_of(job: dict[str, Any]) -> Trial:
@@ -128,6 +137,7 @@ class RunLoop:
                     pool.phase = "Running"  # a larger budget re-opens a finished pool
         for gone in set(self.pools) - {t.name for t in self.spec.targets}:
             del self.pools[gone]
+            metrics.forget_target(self.namespace, self.name, gone)
 
     def _setup_pool(self, pool: Pool, loop_time: float) -> None:
         """Find the pool's nodes and device, and build its search space and study (worker thread)."""
@@ -206,6 +216,7 @@ class RunLoop:
         """Store the records of finished Jobs, then delete those Jobs; return the running ones per pool."""
         running: dict[str, list[dict[str, Any]]] = {}
         finished, fresh = [], []
+        timings: dict[tuple[str, int], metrics.TrialTimings] = {}
         for job in jobs:
             labels = job["metadata"].get("labels", {})
             target, index = labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1"))
@@ -218,9 +229,14 @@ class RunLoop:
                     self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
                 )
                 fresh.append(record_from_job(job, pods, trial_of(job).config, GENERATION))
+                timings[(target, index)] = metrics.trial_timings(job, pods)
         if fresh:
             stored = await asyncio.to_thread(self.store.append, fresh)
             for rec in stored:
+                t = timings.get((rec.target, rec.index), metrics.TrialTimings())
+                metrics.trial_recorded(
+                    self.namespace, self.name, rec.target, rec.outcome.value, t.duration_s, t.queue_wait_s
+                )
                 self.log.info(
                     "trial %s/%d: %s%s", rec.target, rec.index, rec.outcome.value,
                     f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",
@@ -281,7 +297,14 @@ class RunLoop:
         if pool.default_config is not None and pool.default_key not in keys:
             configs.append(pool.default_config)  # measured first: the baseline of the speed-up
         if want > len(configs):
-            configs += await asyncio.to_thread(pool.study.suggest, want - len(configs), pending + configs)
+            suggested, seconds = await asyncio.to_thread(
+                _timed, pool.study.suggest, want - len(configs), pending + configs
+            )
+            configs += suggested
+            metrics.suggestion_latency(self.namespace, self.name, pool.spec.name, seconds)
+            fit_s = getattr(pool.study, "last_fit_s", None)
+            if fit_s:
+                metrics.model_fit(self.namespace, self.name, pool.spec.name, fit_s)
         if not configs and not running:
             pool.phase, pool.message = "Succeeded", "search space exhausted"
             return
@@ -331,6 +354,9 @@ class RunLoop:
             previous=self._previous_status(), generation=self.generation, phase=phase, targets=targets,
             results=results, reason=reason, message=message,
         ).model_dump(by_alias=True, exclude_none=True, mode="json")
+        metrics.observe_status(
+            self.namespace, self.name, status, parallelism=self.spec.budget.parallelism if self.spec else None
+        )
         if status == self.last_status:
             return
         await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)

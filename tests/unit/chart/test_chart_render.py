@@ -247,10 +247,6 @@ def test_chart_files_are_tracked_by_path() -> None:
     assert Path(CHART / "templates" / "NOTES.txt").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 6 wiring: `fleettune operator` has no --metrics-port yet; remove this marker when it does",
-)
 @pytest.mark.parametrize("values", ["", *VALUE_FILES])
 def test_deployment_args_are_accepted_by_the_operator_cli(
     chart: Helm, values: str, monkeypatch: pytest.MonkeyPatch
@@ -270,6 +266,10 @@ def test_deployment_args_are_accepted_by_the_operator_cli(
 
     monkeypatch.setattr(kopf, "operator", fake_operator)
     monkeypatch.setattr(asyncio, "run", lambda coro: coro.close())
+    from fleettune import metrics
+
+    served: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(metrics, "start_http_server", lambda *args: served.append(args))
     docs = chart.template(*([values] if values else []))
     c = container(docs)
     assert c["command"] == ["fleettune", "operator"]
@@ -284,4 +284,8 @@ def test_deployment_args_are_accepted_by_the_operator_cli(
     else:
         assert kwargs["namespaces"] == values_doc.get("watchNamespaces", ["fleettune"])
     assert kwargs["liveness_endpoint"] == "http://0.0.0.0:8081/healthz"
+    if values_doc.get("metrics", {}).get("enabled", True):
+        assert served and served[0][0] == 8080, "the chart's metrics Service expects the operator on :8080"
+    else:
+        assert not served
     assert kwargs["peering_name"] == (values_doc.get("peering", {}).get("name") if "peering" in values_doc else None)
