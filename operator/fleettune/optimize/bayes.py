@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "max_pool": 20_000,  # candidates scored exactly per suggestion; beyond: subset + local search
     "tau_max": 1.0,  # feasibility threshold ~ U(0, tau_max), redrawn at every suggestion
     "feas_power": 2.0,  # acquisition = EI * P(feasible)^feas_power
+    "transform": "log",  # objective transform: "log" (then standardise) or "copula" (ranks -> normal scores)
     "prior_top": 3,  # with warm-start data, first re-measure the best prior configurations
     "local_starts": 5,
     "local_rounds": 3,
@@ -58,9 +59,8 @@ class BayesOpt(Strategy):
 
     # -- model ------------------------------------------------------------------------
 
-    @staticmethod
-    def _targets(history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Standardised log objective of the feasible points, each task on its own scale
+    def _targets(self, history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Transformed objective of the feasible points, each task on its own scale
         (a prior pool's absolute times say nothing about this one's), and noise."""
         ok = np.flatnonzero(history.feasible)
         y = np.log(history.value[ok])
@@ -70,11 +70,8 @@ class BayesOpt(Strategy):
             sel = history.task[ok] == task
             if not sel.any():
                 continue
-            mu = y[sel].mean()
-            sd = y[sel].std() if sel.sum() > 2 else 0.0
-            sd = sd if sd > 1e-9 else 1.0
-            z[sel] = (y[sel] - mu) / sd
-            noise[sel] /= sd * sd
+            z[sel], scale = _transform(y[sel], self.options["transform"])
+            noise[sel] *= scale
         return ok, z, noise
 
     def _inputs(self, history: History, rows: np.ndarray | None = None, feas: bool = False) -> np.ndarray:
@@ -155,20 +152,20 @@ class BayesOpt(Strategy):
             chosen = np.vstack([chosen, self.candidates.x[pending]])
         return maximin(self.candidates.x, available, chosen, n, rng, self._weights)
 
-    def _pool(self, history: History, available: np.ndarray, rng) -> np.ndarray:
+    def _pool(self, history: History, available: np.ndarray, rng) -> tuple[np.ndarray, bool]:
+        """Candidates to score exactly, and whether that is a subset of the available."""
         idx = np.flatnonzero(available)
         limit = self.options["max_pool"]
         if len(idx) <= limit:
-            return idx
+            return idx, False
         # Too many to score: a fresh random subset plus the neighbourhoods of the best
         # points found so far (BaCO's local search starts from those too).
-        pool = [rng.choice(idx, size=limit // 2, replace=False)]
+        sample = rng.choice(idx, size=limit // 2, replace=False)
         cur = np.flatnonzero(history.feasible & (history.task == 1) & (history.cand >= 0))
         best = cur[np.argsort(history.value[cur], kind="stable")[: self.options["local_starts"]]]
-        for c in history.cand[best]:
-            pool.append(self.candidates.hamming_neighbours(self.candidates.rows[c]))
-        out = np.unique(np.concatenate(pool))
-        return out[available[out]]
+        near = self.candidates.hamming_neighbours(self.candidates.rows[history.cand[best]])
+        out = np.unique(np.concatenate([sample, near]))
+        return out[available[out]], True
 
     def _bayes(self, n, history: History, pending, available, rng) -> np.ndarray:
         hyper_r, hyper_c = self._fit(history, checkpoints(len(history), self.options["refit_growth"])[-1])
@@ -176,7 +173,7 @@ class BayesOpt(Strategy):
         with_task = self._with_task(history)
         avail = available.copy()
         avail[pending] = False
-        pool = self._pool(history, avail, rng)
+        pool, partial = self._pool(history, avail, rng)
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
         if hyper_r is None:
@@ -200,24 +197,34 @@ class BayesOpt(Strategy):
         clf = None
         if hyper_c is not None:
             clf = FeasibilityModel(self._inputs(history, feas=True), history.feasible, hyper_c)
+        cur_ok = history.task[ok] == 1
+        best = float(z[cur_ok].min()) if cur_ok.any() else float(z.min())
+        power = self.options["feas_power"]
 
         def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
-            x = (self._xfc if feas else self._xc)[idx]
+            full = self._xfc if feas else self._xc
+            x = full if len(idx) == len(full) else full[torch.as_tensor(idx)]
             if with_task:
                 x = torch.cat([x, torch.ones(len(idx), 1, dtype=x.dtype)], dim=1)
             return x
 
+        def score(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            mean, var = gp.predict(feats(idx))
+            log_pf = torch.zeros_like(mean)
+            if clf is not None:
+                log_pf = torch.log(clf.prob(feats(idx, feas=True)).clamp_min(1e-12))
+            return mean, var, log_pf
+
+        mean, var, log_pf = score(pool)
+        if partial:
+            pool, mean, var, log_pf = self._local_search(pool, mean, var, log_pf, avail, score, best)
         # Pending trials sit at the end of the scored set, believed but not selectable.
         scored = np.concatenate([pool, np.asarray(pending, dtype=np.int64)])
+        if len(pending):
+            m_p, v_p, l_p = score(np.asarray(pending, dtype=np.int64))
+            mean, var, log_pf = torch.cat([mean, m_p]), torch.cat([var, v_p]), torch.cat([log_pf, l_p])
         xs = feats(scored)
-        mean, var = gp.predict(xs)
-        log_pf = torch.zeros_like(mean)
-        log_pf_w = log_pf
-        if clf is not None:
-            log_pf = torch.log(clf.prob(feats(scored, feas=True)).clamp_min(1e-12))
-        log_pf_w = self.options["feas_power"] * log_pf
-        cur_ok = history.task[ok] == 1
-        best = float(z[cur_ok].min()) if cur_ok.any() else float(z.min())
+        log_pf_w = power * log_pf
         tau = float(rng.uniform(0.0, self.options["tau_max"]))
         selectable = torch.zeros(len(scored), dtype=torch.bool)
         selectable[: len(pool)] = True
@@ -251,3 +258,47 @@ class BayesOpt(Strategy):
             if len(picks) < n:
                 believe(j)
         return np.array(picks, dtype=np.int64)
+
+    def _local_search(self, pool, mean, var, log_pf, avail, score, best):
+        """BaCO-style multi-start local search on the acquisition: from the best scored
+        candidates, score their one-move neighbourhoods; repeat while that improves."""
+        seen = np.zeros(len(self.candidates), dtype=bool)
+        seen[pool] = True
+        power = self.options["feas_power"]
+        acq = log_ei(mean, var, best) + power * log_pf
+        for _ in range(self.options["local_rounds"]):
+            top = pool[torch.topk(acq, min(self.options["local_starts"], len(acq))).indices.numpy()]
+            near = self.candidates.hamming_neighbours(self.candidates.rows[top])
+            near = near[avail[near] & ~seen[near]]
+            if len(near) == 0:
+                break
+            seen[near] = True
+            m, v, lp = score(near)
+            a = log_ei(m, v, best) + power * lp
+            improved = bool(a.max() > acq.max())
+            pool = np.concatenate([pool, near])
+            mean, var, log_pf, acq = (torch.cat(t) for t in ((mean, m), (var, v), (log_pf, lp), (acq, a)))
+            if not improved:
+                break
+        return pool, mean, var, log_pf
+
+
+def _transform(y: np.ndarray, kind: str) -> tuple[np.ndarray, float]:
+    """Standardised targets from log times, and the factor that carries a variance of
+    log time into their units.
+
+    "copula" maps ranks to normal scores (Salinas et al. 2020): kernel timings have a
+    long tail of very slow configurations, and in log units the GP still spends its
+    variance explaining them; with normal scores only the order matters.
+    """
+    if len(y) < 3:
+        return y - y.mean(), 1.0
+    sd = float(y.std())
+    sd = sd if sd > 1e-12 else 1.0
+    if kind == "copula":
+        from scipy.special import ndtri
+        from scipy.stats import rankdata
+
+        z = ndtri((rankdata(y) - 0.5) / len(y))
+        return z, float(z.std() / sd) ** 2
+    return (y - y.mean()) / sd, 1.0 / sd**2

@@ -164,6 +164,10 @@ class Posterior:
         eye = torch.eye(k.shape[0], dtype=torch.float64)
         self.k_inv = torch.cholesky_solve(eye, self.chol)
         self._k_inv32 = self.k_inv.to(torch.float32)
+        # alpha as an unevaluated float32 sum hi + lo: two float32 products then give the
+        # mean to about float32 precision of the kernel values, without an N x n copy to float64.
+        hi = self.alpha.to(torch.float32)
+        self._alpha32 = torch.stack([hi, (self.alpha - hi.to(torch.float64)).to(torch.float32)], dim=1)
 
     @property
     def n(self) -> int:
@@ -187,9 +191,12 @@ class Posterior:
         means, variances = [], []
         for start in range(0, xc.shape[0], chunk):
             ks = self.cross(xc[start : start + chunk], fast=fast)
-            means.append(self.hyper.mean + ks.to(torch.float64) @ self.alpha)
-            k_inv = self._k_inv32 if fast else self.k_inv
-            quad = ((ks @ k_inv) * ks).sum(-1).to(torch.float64)
+            if fast:
+                means.append(self.hyper.mean + (ks @ self._alpha32).to(torch.float64).sum(-1))
+                quad = ((ks @ self._k_inv32).mul_(ks)).sum(-1).to(torch.float64)
+            else:
+                means.append(self.hyper.mean + ks @ self.alpha)
+                quad = ((ks @ self.k_inv) * ks).sum(-1)
             variances.append((self.s2 - quad).clamp_min_(1e-12))
         return torch.cat(means), torch.cat(variances)
 

@@ -74,12 +74,20 @@ class Candidates:
             out[np.flatnonzero(inside)[hit]] = self._order[pos[hit]]
         return out
 
-    def hamming_neighbours(self, row: np.ndarray, *, chunk: int = 262_144) -> np.ndarray:
-        """Candidates that differ from ``row`` in exactly one parameter."""
+    def hamming_neighbours(self, rows: np.ndarray, *, chunk: int = 131_072) -> np.ndarray:
+        """Candidates that differ from any of ``rows`` in exactly one parameter: the
+        one-move neighbourhoods a local search walks through, found by one vectorised
+        scan, so restricted spaces need no neighbour generator."""
+        rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
+        if len(rows) == 0:
+            return np.zeros(0, dtype=np.int64)
         found = []
         for s in range(0, len(self.rows), chunk):
-            diff = (self.rows[s : s + chunk] != row).sum(axis=1)
-            found.append(np.flatnonzero(diff == 1) + s)
+            part = self.rows[s : s + chunk]
+            diff = np.zeros((len(part), len(rows)), dtype=np.int16)
+            for j in range(part.shape[1]):  # column by column: no (chunk, k, d) temporary
+                diff += part[:, j : j + 1] != rows[None, :, j]
+            found.append(np.flatnonzero((diff == 1).any(axis=1)) + s)
         return np.concatenate(found)
 
 

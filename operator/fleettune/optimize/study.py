@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +19,8 @@ from .problem import Candidates, History
 from .random_search import RandomSearch
 from .stopping import stop_reason
 from .strategy import Strategy
+
+log = logging.getLogger(__name__)
 
 STRATEGIES: dict[str, Callable[[Candidates, int, dict[str, Any] | None], Strategy]] = {
     "bayes": BayesOpt,
@@ -73,7 +76,13 @@ class Study:
         self._rows: list[np.ndarray] = []  # index row of each observation, for decoding
         self.n_prior = 0
         for config, outcome, objective in prior:
-            self._record(config, Outcome(outcome), objective, (), task=0)
+            try:
+                self._record(config, Outcome(outcome), objective, (), task=0)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                # Prior data come from another driver or pool and may not fit this space
+                # (a parameter renamed, a value dropped): skip them, never fail the study.
+                log.debug("skipping prior observation %r: %s", config, exc)
+                continue
             self.n_prior += 1
 
     @staticmethod
@@ -133,7 +142,13 @@ class Study:
             want = min(int(n), int(available.sum()))
             if want <= 0:
                 return []
-            picks = [int(c) for c in self.strategy.propose(want, self.history, pend, available)]
+            try:
+                picks = [int(c) for c in self.strategy.propose(want, self.history, pend, available)]
+            except (np.linalg.LinAlgError, RuntimeError, ValueError) as exc:
+                # A numerical failure of the model must not stall a tuning run: this
+                # round falls back to random candidates, the next one tries the model again.
+                log.warning("strategy %s failed (%s); suggesting random candidates", self.strategy_name, exc)
+                picks = []
             out: list[int] = []
             for c in picks:  # defensive: a strategy bug must not produce duplicates
                 if 0 <= c < len(available) and available[c] and c not in out:
