@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "fit_iter": 40,  # L-BFGS iterations per hyperparameter fit
     "max_pool": 20_000,  # candidates scored exactly per suggestion; beyond: subset + local search
     "tau_max": 1.0,  # feasibility threshold ~ U(0, tau_max), redrawn at every suggestion
-    "feas_power": 2.0,  # acquisition = EI * P(feasible)^feas_power
+    "feas_power": 3.0,  # acquisition = EI * P(feasible)^feas_power
     "transform": "log",  # objective transform: "log" (then standardise) or "copula" (ranks -> normal scores)
     "prior_top": 3,  # with warm-start data, first re-measure the best prior configurations
     "local_starts": 5,
