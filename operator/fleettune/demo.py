@@ -78,10 +78,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fleettune demo", description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, default=EXAMPLE)
     parser.add_argument("--state-dir", type=Path, default=cache_root() / "clusters" / "demo")
-    parser.add_argument("--keep", action="store_true", help="leave the cluster and operator running afterwards")
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the control plane up afterwards, to inspect the run and its results"
+    )
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args(argv)
-    console = Console()
+    # Wide enough for the per-pool table even when the output is a file or a CI log.
+    console = Console(width=None if sys.stdout.isatty() else 132)
     started = time.monotonic()
 
     cluster = LocalCluster(args.state_dir, default_fleet())
@@ -108,15 +111,21 @@ def main(argv: list[str]) -> int:
         console.rule(f"tuning {name}")
         run = _watch(cluster, name, console, started, args.timeout, operator)
         _summary(console, run)
-        console.print(f"\nDemo finished in {time.monotonic() - started:.0f}s. "
-                      f"Try: kubectl --kubeconfig {cluster.kubeconfig} get tuningruns")
+        console.print(f"\nDemo finished in {time.monotonic() - started:.0f}s.")
+        if args.keep:
+            console.print(
+                f"The control plane is still up (operator and simulator stopped):\n"
+                f"  kubectl --kubeconfig {cluster.kubeconfig} get tuningruns\n"
+                f"  fleettune report {name} --kubeconfig {cluster.kubeconfig}\n"
+                f"  fleettune cluster down --state-dir {args.state_dir}"
+            )
         return 0 if (run.get("status") or {}).get("phase") == "Succeeded" else 1
     finally:
+        if operator is not None:
+            operator.terminate()
+            operator.wait(timeout=30)
+        simulator.stop()
         if not args.keep:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(timeout=30)
-            simulator.stop()
             cluster.down()
 
 
