@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fleettune.api import TuningRunSpec
 from fleettune.space import SearchSpace, lookup_device
 from fleettune_job.kernels import BUILTINS
