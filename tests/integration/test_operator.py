@@ -154,9 +154,10 @@ def test_api_server_rejects_invalid_specs_naming_the_field(cluster, crd, namespa
     assert field in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize(
-    "path", [p for p in sorted(EXAMPLE.parent.glob("*.yaml")) if "kind: TuningRun" in p.read_text()], ids=lambda p: p.name
-)
+EXAMPLE_RUNS = [p for p in sorted(EXAMPLE.parent.glob("*.yaml")) if "kind: TuningRun" in p.read_text()]
+
+
+@pytest.mark.parametrize("path", EXAMPLE_RUNS, ids=lambda p: p.name)
 def test_examples_pass_server_side_validation(cluster, crd, namespace, path):
     out = cluster.kubectl("apply", "-n", namespace, "--dry-run=server", "-f", str(path), check=False)
     assert out.returncode == 0, out.stderr
