@@ -1,0 +1,238 @@
+"""The published ConfigMap: the best configuration per pool and problem size, for
+applications to read at start-up (pure: builds the object, decides whether to write).
+
+Data keys:
+
+* ``tuned.json``: every entry — pool, problem size, configuration, time, fingerprint —
+  as one JSON document;
+* flat keys an application (or an env-from / volume mount) can read without a JSON
+  parser: ``<pool>.<size>.<param>`` = value, ``<pool>.<size>.time_ms``,
+  ``<pool>.<size>.fingerprint``, and ``<pool>.sizes`` listing the tuned sizes, with
+  ``<size>`` = ``2048x2048``.
+
+Everything is sorted and free of timestamps of its own, so writing an unchanged result
+(server-side apply, a restarted operator) is a no-op. One object, written in one call:
+an application never sees half an update. An entry is replaced only by a better result
+on the same fingerprint, or by a result of a different (newer) fingerprint — a driver
+upgrade may make the best configuration slower, and then the slower one is the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleettune.fingerprint import NodeFingerprint, fingerprint_key
+
+TUNED_JSON = "tuned.json"
+PUBLISHED_BY = "fleettune.dev/published-by"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+SCHEMA = "fleettune.dev/tuned/v1"
+MAX_KEY = 253
+MAX_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB in all; leave room for metadata
+_KEY_UNSAFE = re.compile(r"[^-._a-zA-Z0-9]+")
+
+
+class PublishedEntry(BaseModel):
+    """The best result of one pool on one problem size."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    pool: str
+    problem_size: tuple[int, ...] = Field(min_length=1)
+    config: dict[str, Any]
+    time_ms: float = Field(gt=0)
+    fingerprint: NodeFingerprint = NodeFingerprint()
+    trial: int | None = None
+    generation: int = 1
+    measured_at: str = ""  # ISO-8601 time the trial was recorded: orders fingerprints
+
+    @property
+    def slot(self) -> tuple[str, tuple[int, ...]]:
+        return self.pool, tuple(self.problem_size)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "pool": self.pool,
+            "problemSize": list(self.problem_size),
+            "config": self.config,
+            "timeMs": _round(self.time_ms),
+            "fingerprint": self.fingerprint.to_status(),
+            "fingerprintKey": fingerprint_key(self.fingerprint),
+            "generation": self.generation,
+        }
+        if self.trial is not None:
+            out["trial"] = self.trial
+        if self.measured_at:
+            out["measuredAt"] = self.measured_at
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PublishedEntry:
+        return cls(
+            pool=data["pool"],
+            problem_size=tuple(data["problemSize"]),
+            config=dict(data["config"]),
+            time_ms=float(data["timeMs"]),
+            fingerprint=NodeFingerprint.from_status(data.get("fingerprint") or {}),
+            trial=data.get("trial"),
+            generation=int(data.get("generation", 1)),
+            measured_at=str(data.get("measuredAt", "")),
+        )
+
+
+def _round(v: float) -> float:
+    # Six significant digits: enough for any timing, and stable across float noise.
+    return float(f"{v:.6g}")
+
+
+def size_key(size: Sequence[int]) -> str:
+    return "x".join(str(int(s)) for s in size)
+
+
+def safe_key(text: str) -> str:
+    """A ConfigMap data key (``[-._a-zA-Z0-9]+``, at most 253 characters)."""
+    key = _KEY_UNSAFE.sub("_", text).strip(".") or "_"
+    return key[:MAX_KEY]
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v)) if abs(v) < 2**53 else json.dumps(v)
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def flat_keys(entries: Iterable[PublishedEntry]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    sizes: dict[str, list[tuple[int, ...]]] = {}
+    for e in entries:
+        prefix = f"{e.pool}.{size_key(e.problem_size)}"
+        for name, value in e.config.items():
+            out[safe_key(f"{prefix}.{name}")] = _value(value)
+        out[safe_key(f"{prefix}.time_ms")] = _value(_round(e.time_ms))
+        out[safe_key(f"{prefix}.fingerprint")] = fingerprint_key(e.fingerprint)
+        sizes.setdefault(e.pool, []).append(tuple(e.problem_size))
+    for pool, tuned in sizes.items():
+        out[safe_key(f"{pool}.sizes")] = ",".join(size_key(s) for s in sorted(tuned))
+    return out
+
+
+def _sorted(entries: Iterable[PublishedEntry]) -> list[PublishedEntry]:
+    return sorted(entries, key=lambda e: e.slot)
+
+
+def configmap_data(run_name: str, entries: Iterable[PublishedEntry]) -> dict[str, str]:
+    ordered = _sorted(entries)
+    doc = {"schema": SCHEMA, "run": run_name, "entries": [e.to_json() for e in ordered]}
+    data = {TUNED_JSON: json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False) + "\n"}
+    flat = flat_keys(ordered)
+    if TUNED_JSON in flat:  # a pool named "tuned" with a size "json" cannot exist, but be sure
+        raise ValueError(f"flat key {TUNED_JSON!r} collides with the JSON document")
+    data |= flat
+    size = sum(len(k) + len(v.encode()) for k, v in data.items())
+    if size > MAX_BYTES:
+        raise ValueError(f"published data would be {size} bytes, over the {MAX_BYTES}-byte ConfigMap budget")
+    return dict(sorted(data.items()))
+
+
+def published_configmap(
+    run_name: str,
+    namespace: str,
+    owner_uid: str | None,
+    entries: Iterable[PublishedEntry],
+    *,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """The whole ConfigMap (``name`` defaults to ``<run>-tuned``). With ``owner_uid`` it is
+    owned by the run and garbage-collected with it; without, it outlives the run (for
+    applications that must keep starting after the run is deleted)."""
+    from fleettune import GROUP, KIND, VERSION
+
+    meta: dict[str, Any] = {
+        "name": name or f"{run_name[:247]}-tuned",
+        "namespace": namespace,
+        "labels": {MANAGED_BY: "fleettune", PUBLISHED_BY: run_name[:63]},
+    }
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": run_name,
+                                    "uid": owner_uid}]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": configmap_data(run_name, entries)}
+
+
+def read_entries(data: Mapping[str, str] | None) -> list[PublishedEntry]:
+    """The entries of a published ConfigMap's data ([] when absent or unreadable: then the
+    next write simply replaces it)."""
+    raw = (data or {}).get(TUNED_JSON)
+    if not raw:
+        return []
+    try:
+        doc = json.loads(raw)
+        return [PublishedEntry.from_json(e) for e in doc.get("entries", [])]
+    except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
+        return []
+
+
+def _wins(new: PublishedEntry, old: PublishedEntry) -> bool:
+    if fingerprint_key(new.fingerprint) == fingerprint_key(old.fingerprint):
+        # Same hardware and driver: only a strictly better time replaces, so a re-measured
+        # (noisier) copy of the same configuration never makes the published one regress.
+        return math.isfinite(new.time_ms) and _round(new.time_ms) < _round(old.time_ms)
+    # Another fingerprint: the newer measurement describes the pool as it is now. An
+    # entry without a time is taken as new (the controller only publishes current ones).
+    return not new.measured_at or not old.measured_at or new.measured_at >= old.measured_at
+
+
+def best_entries(candidates: Iterable[PublishedEntry]) -> list[PublishedEntry]:
+    """One entry per (pool, size): the fastest of the newest fingerprint among ``candidates``."""
+    out: dict[tuple[str, tuple[int, ...]], PublishedEntry] = {}
+    for e in sorted(candidates, key=lambda e: (e.measured_at, e.time_ms)):
+        old = out.get(e.slot)
+        if old is None or _wins(e, old):
+            out[e.slot] = e
+    return _sorted(out.values())
+
+
+def merge_entries(
+    current: Iterable[PublishedEntry], new: Iterable[PublishedEntry], pools: Collection[str] | None = None
+) -> list[PublishedEntry]:
+    """What to publish given what is published and the run's current bests. Entries of
+    slots the new results do not cover are kept (an application keeps its configuration
+    while its pool re-tunes), except pools not in ``pools`` when given (targets removed)."""
+    out = {e.slot: e for e in current if pools is None or e.pool in pools}
+    for e in best_entries(new):
+        if pools is not None and e.pool not in pools:
+            continue
+        old = out.get(e.slot)
+        if old is None or _wins(e, old):
+            out[e.slot] = e
+    return _sorted(out.values())
+
+
+def should_publish(
+    current_data: Mapping[str, str] | None, new_entries: Iterable[PublishedEntry],
+    pools: Collection[str] | None = None,
+) -> bool:
+    """True when writing would change what applications read: a better result, a newer
+    fingerprint, a new pool or size (or a removed pool, with ``pools``)."""
+    current = read_entries(current_data)
+    merged = merge_entries(current, new_entries, pools)
+    return [e.to_json() for e in merged] != [e.to_json() for e in _sorted(current)]
+
+
+def publish_plan(
+    run_name: str, current_data: Mapping[str, str] | None, new_entries: Iterable[PublishedEntry],
+    pools: Collection[str] | None = None,
+) -> dict[str, str] | None:
+    """The data to write, or None when the ConfigMap already says exactly that (also
+    repairs hand-edited or truncated flat keys)."""
+    desired = configmap_data(run_name, merge_entries(read_entries(current_data), new_entries, pools))
+    return None if dict(current_data or {}) == desired else desired

@@ -1,0 +1,120 @@
+"""The published ConfigMap: shape, keys, determinism and when it changes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from fleettune.fingerprint import NodeFingerprint
+from fleettune.publish import (
+    TUNED_JSON,
+    PublishedEntry,
+    best_entries,
+    configmap_data,
+    merge_entries,
+    publish_plan,
+    published_configmap,
+    read_entries,
+    safe_key,
+    should_publish,
+)
+
+OLD = NodeFingerprint(product="NVIDIA-A100-PCIE-40GB", compute_capability="8.0", driver_version="550.54.15",
+                      cuda_runtime_version="12.4")
+NEW = OLD.model_copy(update={"driver_version": "560.35.03"})
+
+
+def entry(pool="a100", size=(4096, 4096), t=1.0, fp=OLD, at="2025-01-01T00:00:00Z", **config) -> PublishedEntry:
+    return PublishedEntry(pool=pool, problem_size=size, config=config or {"block_size_x": 32, "tile": 2},
+                          time_ms=t, fingerprint=fp, trial=3, measured_at=at)
+
+
+def test_configmap_shape_and_flat_keys() -> None:
+    cm = published_configmap("conv", "ns", "uid-1", [entry(use_shmem=True, order=[1, 0], f=0.5, name="x y")])
+    assert cm["metadata"]["name"] == "conv-tuned"
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert cm["metadata"]["labels"]["fleettune.dev/published-by"] == "conv"
+    data = cm["data"]
+    assert data["a100.4096x4096.use_shmem"] == "true"
+    assert data["a100.4096x4096.order"] == "[1,0]"
+    assert data["a100.4096x4096.f"] == "0.5"
+    assert data["a100.4096x4096.name"] == "x y"
+    assert data["a100.4096x4096.time_ms"] == "1"
+    assert data["a100.4096x4096.fingerprint"] == "NVIDIA-A100-PCIE-40GB_sm80_drv550.54.15_cuda12.4"
+    assert data["a100.sizes"] == "4096x4096"
+    assert all(re.fullmatch(r"[-._a-zA-Z0-9]+", k) for k in data)
+    doc = json.loads(data[TUNED_JSON])
+    assert doc["run"] == "conv"
+    (e,) = doc["entries"]
+    assert e["problemSize"] == [4096, 4096] and e["fingerprint"]["driverVersion"] == "550.54.15"
+    assert read_entries(data) == [entry(use_shmem=True, order=[1, 0], f=0.5, name="x y")]
+    # Without an owner the ConfigMap outlives the run; a name can be given.
+    cm = published_configmap("conv", "ns", None, [entry()], name="conv-params")
+    assert "ownerReferences" not in cm["metadata"] and cm["metadata"]["name"] == "conv-params"
+
+
+def test_output_is_deterministic() -> None:
+    a = [entry(pool="b", t=2.0), entry(pool="a", size=(1024,)), entry(pool="a", size=(512,))]
+    first = configmap_data("r", a)
+    assert configmap_data("r", list(reversed(a))) == first
+    assert list(first) == sorted(first)
+    assert first["a.sizes"] == "512,1024"
+
+
+def test_safe_keys() -> None:
+    assert safe_key("pool.4096x4096.a/b c") == "pool.4096x4096.a_b_c"
+    assert safe_key("..x") == "x"
+    assert len(safe_key("p" * 400)) == 253
+
+
+def test_only_better_or_newer_results_replace() -> None:
+    published = configmap_data("r", [entry(t=1.0)])
+    assert not should_publish(published, [entry(t=1.0)])  # unchanged
+    assert not should_publish(published, [entry(t=1.2, block_size_x=64)])  # worse, same fingerprint
+    assert should_publish(published, [entry(t=0.9, block_size_x=64)])  # better
+    # A newer fingerprint replaces even when slower: it is what the pool is now.
+    assert should_publish(published, [entry(t=1.3, fp=NEW, at="2025-02-01T00:00:00Z")])
+    # ...but an older measurement of another fingerprint does not.
+    assert not should_publish(published, [entry(t=0.5, fp=NEW, at="2024-12-01T00:00:00Z")])
+    assert should_publish(published, [entry(size=(2048, 2048))])  # new size
+    assert should_publish(None, [entry()])
+    assert not should_publish(None, [])
+
+
+def test_merge_keeps_other_slots_and_prunes_removed_pools() -> None:
+    cur = [entry(pool="a100"), entry(pool="rtx", t=2.0)]
+    merged = merge_entries(cur, [entry(pool="a100", t=0.8)])
+    assert [(e.pool, e.time_ms) for e in merged] == [("a100", 0.8), ("rtx", 2.0)]
+    merged = merge_entries(cur, [entry(pool="a100", t=0.8)], pools={"a100"})
+    assert [e.pool for e in merged] == ["a100"]
+    assert should_publish(configmap_data("r", cur), [], pools={"a100"})
+
+
+def test_best_entries_pick_the_fastest_of_the_newest_fingerprint() -> None:
+    cands = [entry(t=0.5, at="2025-01-01"), entry(t=0.7, fp=NEW, at="2025-02-01"),
+             entry(t=0.6, fp=NEW, at="2025-02-02"), entry(t=0.9, fp=NEW, at="2025-02-03")]
+    (best,) = best_entries(cands)
+    assert (best.time_ms, best.fingerprint) == (0.6, NEW)
+
+
+def test_publish_plan_is_none_when_nothing_changes() -> None:
+    data = configmap_data("r", [entry()])
+    assert publish_plan("r", data, [entry(t=1.1)]) is None
+    tampered = dict(data) | {"a100.4096x4096.tile": "99"}
+    assert publish_plan("r", tampered, [entry()]) == data
+    plan = publish_plan("r", data, [entry(t=0.5)])
+    assert plan is not None and plan["a100.4096x4096.time_ms"] == "0.5"
+
+
+def test_unreadable_current_data_is_replaced() -> None:
+    assert read_entries({TUNED_JSON: "{not json"}) == []
+    assert read_entries({TUNED_JSON: json.dumps({"entries": [{"pool": "a"}]})}) == []
+    assert should_publish({TUNED_JSON: "garbage"}, [entry()])
+
+
+def test_size_budget() -> None:
+    huge = [entry(pool=f"p{i}", **{f"param_{j}": "v" * 200 for j in range(40)}) for i in range(120)]
+    with pytest.raises(ValueError, match="ConfigMap budget"):
+        configmap_data("r", huge)
