@@ -1,11 +1,12 @@
 """Bayesian optimisation over a discrete candidate set with hidden constraints.
 
-Per suggestion: one GP for log(time) on the feasible observations, one Dirichlet GP
-classifier for feasibility, LogEI + log P(feasible) over the not-yet-evaluated
-candidates, BaCO's randomised feasibility threshold, Kriging believers for pending
-trials and for the rest of a batch. Hyperparameters are refitted on a schedule of
-history lengths, each fit warm-started from the previous checkpoint's fit, so that a
-study rebuilt from its stored history retraces the same fits and suggests the same.
+Per suggestion: one GP for log(time) on the feasible observations (failed points enter
+it only as believers, see `_bayes`), one GP classifier for feasibility, LogEI +
+feas_power * log P(feasible) over the not-yet-evaluated candidates, BaCO's randomised
+feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
+Hyperparameters are refitted on a schedule of history lengths, each fit warm-started
+from the previous checkpoint's fit, so that a study rebuilt from its stored history
+retraces the same fits and suggests the same.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .design import feature_weights, maximin
 from .feasibility import FeasibilityModel, fit_feasibility
 from .gp import Hyper, Posterior, fit_hyper, matern52
 from .problem import Candidates, History
-from .strategy import Strategy, take_random
+from .strategy import Strategy
 
 DEFAULTS: dict[str, Any] = {
     "initial": 10,  # space-filling design size (feasible points), before the model leads
@@ -176,8 +177,8 @@ class BayesOpt(Strategy):
         pool, partial = self._pool(history, avail, rng)
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
-        if hyper_r is None:
-            return take_random(rng, avail, n)
+        if hyper_r is None:  # the last checkpoint had too few successes to fit: use the prior
+            hyper_r = Hyper.default(self._inputs(history, ok).shape[1])
         gp = Posterior(self._inputs(history, ok), z, noise, hyper_r)
         failed = np.flatnonzero(~history.feasible)
         if len(failed):

@@ -8,14 +8,13 @@ MAX_DESIGN_POOL = 4096
 
 
 def feature_weights(n_features: int, feature_groups: list[tuple[str, slice]]) -> np.ndarray:
-    """Per-column weights so that every parameter counts the same in a distance:
-    a one-hot block of k columns would otherwise count a category change sqrt(2) times."""
+    """Per-column weights so that every parameter counts about the same in a distance.
+    Categorical one-hot blocks are already scaled to distance 1 per change (see
+    `features.py`); a permutation's rank vector is scaled down by its length."""
     w = np.ones(n_features)
     for kind, cols in feature_groups:
         width = cols.stop - cols.start
-        if kind == "categorical" and width > 1:
-            w[cols] = 1.0 / np.sqrt(2.0)
-        elif kind == "permutation" and width > 1:
+        if kind == "permutation" and width > 1:
             w[cols] = 1.0 / np.sqrt(width)
     return w
 
