@@ -22,6 +22,7 @@ import numpy as np
 
 from fleettune_job.protocol import Outcome
 
+Answer = Callable[[dict], tuple[Outcome, float | None]]
 CHECKPOINTS = (20, 40, 60, 100, 150, 220)
 FAILURE_OUTCOME = {"compile": Outcome.COMPILE_ERROR, "runtime": Outcome.RUNTIME_ERROR, "invalid": Outcome.COMPILE_ERROR}
 
@@ -159,6 +160,99 @@ def save_plot(result: dict[str, Any], directory: Path) -> Path:
     return out
 
 
+def _time_suggestions(study: Any, answer: Answer, k: int) -> list[float]:
+    """Milliseconds per suggest(1), observing each answer as a live study would."""
+    out = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        (config,) = study.suggest(1)
+        out.append(1000.0 * (time.perf_counter() - t0))
+        study.observe(config, *answer(config))
+    return out
+
+
+def _naive_botorch_ms(study: Any, n_score: int) -> float:
+    """The baseline being engineered away: BoTorch's generic posterior + LogEI on every
+    candidate (hyperparameter fitting not counted)."""
+    import torch
+    from botorch.acquisition.analytic import LogExpectedImprovement
+    from botorch.models import SingleTaskGP
+
+    h = study.history
+    ok = np.isfinite(h.value)
+    y = np.log(h.value[ok])
+    y = (y - y.mean()) / y.std()
+    model = SingleTaskGP(torch.as_tensor(h.x[ok]), torch.as_tensor(y).unsqueeze(-1), outcome_transform=None)
+    model.eval()
+    acq = LogExpectedImprovement(model, best_f=float(y.min()), maximize=False)
+    xc = torch.as_tensor(study.candidates.x[:n_score])
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for s in range(0, len(xc), 4096):
+            acq(xc[s : s + 4096].unsqueeze(1))
+    return 1000.0 * (time.perf_counter() - t0)
+
+
+def _synthetic_space(n_params: int = 6, n_values: int = 10) -> tuple[Any, Answer]:
+    """10^6 configurations: a smooth landscape with a failing corner (for latency only)."""
+    from fleettune.space import SearchSpace
+
+    params = [{"name": f"p{i}", "type": "integer", "range": {"min": 1, "max": n_values}} for i in range(n_params)]
+    space = SearchSpace.from_spec(params, [])
+
+    def answer(c: dict) -> tuple[Outcome, float | None]:
+        v = [c[f"p{i}"] / n_values for i in range(n_params)]
+        if v[0] * v[1] > 0.6:
+            return Outcome.COMPILE_ERROR, None
+        return Outcome.OK, 1.0 + sum((x - 0.3 - 0.07 * i) ** 2 for i, x in enumerate(v))
+
+    return space, answer
+
+
+def latency_report(args: argparse.Namespace, loader: Callable[[str], Replay], options: dict[str, Any]) -> str:
+    from fleettune.optimize import Study
+
+    lines = [f"torch threads: {args.threads}"]
+    rng = np.random.default_rng(0)
+    k = 15
+    if args.cache:
+        replay = loader(args.cache[0])
+        study = Study(replay.space, "bayes", seed=0, candidates=replay.rows, options=options)
+
+        def answer(config: dict) -> tuple[Outcome, float | None]:
+            c = int(study.candidates.lookup(np.asarray(replay.space.to_rows([config]), dtype=np.int32))[0])
+            t = replay.time_ms[c]
+            return (Outcome.OK, float(t)) if math.isfinite(t) else (Outcome.RUNTIME_ERROR, None)
+
+        for c in rng.choice(len(replay.rows), 220, replace=False):
+            config = replay.space.to_configs(replay.rows[c : c + 1])[0]
+            study.observe(config, *answer(config))
+        ms = _time_suggestions(study, answer, k)
+        naive = _naive_botorch_ms(study, len(replay.rows))
+        lines.append(
+            f"{replay.name}: {len(replay.rows)} candidates, 220 observations: suggest(1) median "
+            f"{statistics.median(ms):.1f} ms (min {min(ms):.1f}, max {max(ms):.1f}, {k} calls incl. refits); "
+            f"naive BoTorch LogEI over all candidates: {naive:.0f} ms"
+        )
+    space, answer = _synthetic_space()
+    t0 = time.perf_counter()
+    study = Study(space, "bayes", seed=0, options=options)
+    init_s = time.perf_counter() - t0
+    n_cand = len(study.candidates)
+    for row in study.candidates.rows[rng.choice(n_cand, 220, replace=False)]:
+        config = space.to_configs(row.reshape(1, -1))[0]
+        study.observe(config, *answer(config))
+    ms = _time_suggestions(study, answer, k)
+    part = 50_000
+    naive = _naive_botorch_ms(study, part) * n_cand / part
+    lines.append(
+        f"synthetic {n_cand} candidates, 220 observations: suggest(1) median {statistics.median(ms):.1f} ms "
+        f"(min {min(ms):.1f}, max {max(ms):.1f}); study set-up {init_s:.1f} s once; "
+        f"naive BoTorch LogEI over all candidates: ~{naive / 1000:.1f} s (extrapolated from {part})"
+    )
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleettune bench strategy", description=__doc__)
     p.add_argument("--cache", action="append", default=[], help="Kernel Tuner cache file (repeatable)")
@@ -170,6 +264,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--plots", help="directory for one convergence plot per space")
     p.add_argument("--option", action="append", default=[], help="strategy option KEY=VALUE (JSON value)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--traces", help="JSON-lines file of finished runs: appended to, and resumed from")
+    p.add_argument("--summarise-only", action="store_true", help="only summarise the runs in --traces")
     p.add_argument("--latency", action="store_true", help="measure suggestion latency instead of quality")
     p.add_argument("--latency-candidates", type=int, default=1_000_000)
     return p.parse_args(argv)
@@ -186,6 +282,30 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _trace_key(space: str, strategy: str, seed: int, budget: int, options: dict[str, Any]) -> str:
+    return json.dumps([space, strategy, seed, budget, options], sort_keys=True)
+
+
+def _load_traces(path: Path | None) -> dict[str, RunTrace]:
+    out: dict[str, RunTrace] = {}
+    if path is None or not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        best = np.array([math.inf if v is None else v for v in rec["best"]])
+        out[rec["key"]] = RunTrace(best=best, invalid=rec["invalid"], suggest_ms=rec["suggest_ms"])
+    return out
+
+
+def _append_trace(path: Path, key: str, trace: RunTrace) -> None:
+    best = [None if not math.isfinite(v) else float(v) for v in trace.best]
+    with path.open("a") as fh:
+        fh.write(json.dumps({"key": key, "best": best, "invalid": trace.invalid, "suggest_ms": trace.suggest_ms}))
+        fh.write("\n")
+
+
 def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
     args = parse_args(argv)
     import torch
@@ -193,22 +313,37 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
     torch.set_num_threads(max(1, args.threads))
     options = parse_options(args.option)
     if args.latency:
-        from fleettune.bench.strategy_latency import latency_report
-
         print(latency_report(args, loader, options))
         return 0
     if not args.cache:
         print("give at least one --cache FILE", file=sys.stderr)
         return 2
+    replays = [loader(path) for path in args.cache]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    traces_path = Path(args.traces) if args.traces else None
+    done = _load_traces(traces_path)
+    # Seed-major order: a long run cut short (or resumed from --traces) has about the
+    # same number of seeds on every space.
+    if not args.summarise_only:
+        for seed in seeds:
+            for replay in replays:
+                key = _trace_key(replay.name, args.strategy, seed, args.budget, options)
+                if key in done:
+                    continue
+                done[key] = run_once(replay, args.strategy, seed, args.budget, options)
+                if traces_path is not None:
+                    _append_trace(traces_path, key, done[key])
     results = []
-    for path in args.cache:
-        replay = loader(path)
-        traces = []
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            traces.append(run_once(replay, args.strategy, seed, args.budget, options))
+    for replay in replays:
+        traces = [
+            done[k]
+            for k in (_trace_key(replay.name, args.strategy, s, args.budget, options) for s in seeds)
+            if k in done
+        ]
+        if not traces:
+            continue
         res = summarise(replay, args.strategy, traces, args.budget)
         results.append(res)
-        print(format_table([res]).splitlines()[-1], flush=True)
         if args.plots:
             save_plot(res, Path(args.plots))
     print(format_table(results))
