@@ -1,0 +1,107 @@
+"""The warm-start benchmark's replay, counting and summary (tiny recordings, fast strategies)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleettune.bench.strategy import load_replay, run_once
+from fleettune.bench.warmstart import drive, evals_to, main, run_seed, study_for, summarise
+
+VALUES = {"bx": [16, 32, 64, 128, 256], "tile": [1, 2, 4, 8], "vec": [1, 2]}
+
+
+def landscape(c: dict, best_tile: int) -> float | str:
+    if c["bx"] * c["tile"] > 1024:
+        return "CompilationFailedConfig"
+    return 1.0 + abs(math.log2(c["bx"]) - 6) * 0.3 + abs(math.log2(c["tile"]) - math.log2(best_tile)) * 0.5 + (
+        0.1 if c["vec"] == 1 else 0.0)
+
+
+def write_cache(path: Path, best_tile: int) -> Path:
+    cache = {}
+    for bx in VALUES["bx"]:
+        for tile in VALUES["tile"]:
+            for vec in VALUES["vec"]:
+                c = {"bx": bx, "tile": tile, "vec": vec}
+                t = landscape(c, best_tile)
+                cache[f"{bx},{tile},{vec}"] = {**c, "time": t, "times": [t] * 3 if isinstance(t, float) else []}
+    doc = {"device_name": "synthetic", "kernel_name": "k", "problem_size": [1024], "tune_params_keys": list(VALUES),
+           "tune_params": VALUES, "cache": cache}
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return path
+
+
+@pytest.fixture
+def caches(tmp_path: Path) -> tuple[Path, Path]:
+    return write_cache(tmp_path / "src.json.gz", 4), write_cache(tmp_path / "tgt.json.gz", 2)
+
+
+def test_evals_to() -> None:
+    best = np.array([np.inf, 2.0, 1.04, 1.0])
+    assert evals_to(best, 1.0, 0.95) == 3
+    assert evals_to(best, 1.0, 0.99) == 4
+    assert evals_to(best[:3], 1.0, 0.99) == 4  # never: budget + 1
+    assert evals_to(np.full(3, np.inf), 1.0, 0.5) == 4
+
+
+def test_drive_follows_the_strategy_benchmarks_protocol(caches) -> None:
+    src, _ = caches
+    replay = load_replay(src)
+    for seed in (0, 1):
+        ours = drive(replay, study_for(replay, "random", seed, None, None), 25)
+        theirs = run_once(replay, "random", seed, 25)
+        np.testing.assert_array_equal(ours.best, theirs.best)
+        assert sum(o[1].value != "ok" for o in ours.observations) == theirs.invalid
+
+
+def test_drive_stops_at_a_level_and_keeps_the_trace_full(caches) -> None:
+    _, tgt = caches
+    replay = load_replay(tgt)
+    run = drive(replay, study_for(replay, "random", 0, None, None), 30, stop_at=0.99)
+    assert len(run.best) == 30
+    first = evals_to(run.best, replay.optimum, 0.99)
+    assert len(run.observations) == first
+    assert (run.best[first - 1 :] == replay.optimum).all()
+
+
+def test_warm_start_from_an_identical_recording_finds_the_optimum_first(caches) -> None:
+    src, _ = caches
+    replay = load_replay(src)
+    row = run_seed(replay, replay, "bayes", 0, source_budget=len(replay.rows), budget=20)
+    assert row["source_best_on_target"] == 1.0
+    assert row["warm_0.99"] == 1  # the source's best is re-measured first
+    assert row["warm_0.95"] <= row["cold_0.95"]
+
+
+def test_summary_counts_censored_runs() -> None:
+    rows = [{"seed": 0, "source_best_on_target": 1.0, "warm_0.95": 1, "warm_0.99": 2, "cold_0.95": 9,
+             "cold_0.99": 21, "warm_at_5": 1.0, "cold_at_5": 0.5},
+            {"seed": 1, "source_best_on_target": 0.5, "warm_0.95": 3, "warm_0.99": 21, "cold_0.95": 6,
+             "cold_0.99": 21, "warm_at_5": 0.9, "cold_at_5": 0.7}]
+    res = summarise("a → b", rows, budget=20)
+    assert res["warm_0.95"] == 2.0 and res["cold_0.95"] == 7.5
+    assert res["ratio_0.95"] == pytest.approx(2 / 7.5)
+    assert res["meets_target"]
+    assert res["cold_0.99_censored"] == 2 and res["warm_0.99_censored"] == 1
+    assert res["warm_at_5"] == pytest.approx(0.95)
+    assert res["source_best_on_target"] == 0.75
+
+
+def test_command(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, tgt = caches
+    out = tmp_path / "ws.json"
+    assert main(["--source", str(src), "--target", str(tgt), "--seeds", "2", "--budget", "15",
+                 "--source-budget", "15", "--strategy", "random", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "src → tgt" in text and "warm →0.95" in text
+    doc = json.loads(out.read_text())
+    (res,) = doc["results"]
+    assert res["seeds"] == 2 and len(doc["per_seed"]["src → tgt"]) == 2
+    with pytest.raises(SystemExit):
+        main(["--source", str(src)])
