@@ -367,3 +367,21 @@ def pinning_selector(fp: NodeFingerprint) -> dict[str, str]:
     else:
         return {}
     return {k: v for k, v in pins.items() if v}
+
+
+# The GPU operator's upgrade states before "upgrade-done" (and its failure state).
+UPGRADE_IN_PROGRESS = (
+    "upgrade-required", "cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required",
+    "pod-restart-required", "validation-required", "uncordon-required", "upgrade-failed",
+)
+
+
+def eligibility_affinity(allow_shared: bool = False) -> list[dict[str, Any]]:
+    """Node-affinity match expressions that keep trial Pods off ineligible nodes (to be
+    added to every term of the target's required node affinity). ``NotIn`` also matches
+    nodes without the label, which is what an un-upgraded, unshared node looks like.
+    Cordoned nodes need nothing: the scheduler already skips them."""
+    out: list[dict[str, Any]] = [{"key": UPGRADE_STATE, "operator": "NotIn", "values": list(UPGRADE_IN_PROGRESS)}]
+    if not allow_shared:
+        out.append({"key": GFD_SHARING, "operator": "NotIn", "values": ["time-slicing", "mps"]})
+    return out

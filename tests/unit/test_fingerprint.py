@@ -214,3 +214,26 @@ def test_pinning_selector() -> None:
     assert pinning_selector(jet) == {"fleettune.dev/cuda.driver-version.full": "540.4.0",
                                      "fleettune.dev/jetson.l4t-version": "36.4.0"}
     assert pinning_selector(NodeFingerprint()) == {}
+
+
+def _matches(expressions: list[dict], labels: dict[str, str]) -> bool:
+    # The scheduler's semantics of In/NotIn (NotIn also matches a missing key).
+    for e in expressions:
+        value = labels.get(e["key"])
+        if e["operator"] == "NotIn" and value in e["values"]:
+            return False
+        if e["operator"] == "In" and value not in e["values"]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("allow_shared", [False, True])
+def test_eligibility_affinity_agrees_with_node_eligible(allow_shared: bool) -> None:
+    from fleettune.fingerprint import UPGRADE_IN_PROGRESS, eligibility_affinity
+
+    expressions = eligibility_affinity(allow_shared)
+    cases = [A100, SLICED, A100 | {"nvidia.com/gpu.sharing-strategy": "mps"},
+             A100 | {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"}]
+    cases += [A100 | {"nvidia.com/gpu-driver-upgrade-state": s} for s in UPGRADE_IN_PROGRESS]
+    for labels in cases:
+        assert _matches(expressions, labels) == node_eligible(labels, False, allow_shared)[0], labels
