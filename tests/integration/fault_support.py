@@ -1,0 +1,355 @@
+"""Fault injection for the integration tier: a stand-in kubelet, extra fake nodes, audits.
+
+The fleet simulator answers every trial Pod on a fake node with a well-formed result. The
+fault tests need Pods that answer *badly* (garbled termination messages), Pods that run
+long enough to be evicted, and nodes that vanish under a running Pod without the Pod ever
+reporting. :class:`PodCompleter` does what a kubelet would for the trial Pods of one
+namespace, following a per-trial policy; tests that use it do not start the simulator, so
+nobody else answers their Pods.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleettune.cluster.fleet import KWOK_ANNOTATION
+from fleettune_job.protocol import (
+    CONTAINER_NAME,
+    TRIAL_ENV,
+    Fingerprint,
+    Outcome,
+    Trial,
+    TrialResult,
+)
+
+MANAGED = "app.kubernetes.io/managed-by=fleettune"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the trial container reports: its termination message, exit code, and when."""
+
+    message: str
+    exit_code: int = 0
+    delay_s: float = 0.2
+
+
+def ok_reply(trial: Trial, delay_s: float = 0.2) -> Reply:
+    """A valid `ok` result whose time is a stable function of the configuration."""
+    digest = hashlib.sha256(json.dumps(trial.config, sort_keys=True).encode()).digest()
+    ms = 0.5 + int.from_bytes(digest[:4], "big") / 2**32
+    result = TrialResult(outcome=Outcome.OK, objective=round(ms, 6), times=[round(ms, 6)] * 3,
+                         fingerprint=Fingerprint(product="NVIDIA A100-PCIE-40GB", simulated=True))
+    return Reply(result.encode(), 0, delay_s)
+
+
+# A policy sees the trial and its Pod; None leaves the Pod running (a trial that never ends).
+Policy = Callable[[Trial, dict[str, Any]], Reply | None]
+
+
+@dataclass(order=True)
+class _Due:
+    at: float
+    name: str = field(compare=False)
+    uid: str = field(compare=False)
+    reply: Reply = field(compare=False)
+    trial: Trial = field(compare=False)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodCompleter:
+    """A kubelet stand-in for the trial Pods of one namespace (see the module docstring).
+
+    A Pod is answered only if its node still exists when its reply is due: a machine that
+    was deleted reports nothing, which is what the node-loss test needs (the fleet
+    simulator would complete such a Pod). ``answered`` lists ``(target, index, pod)`` in
+    completion order; ``pods`` keeps every trial Pod seen running, for assertions on their
+    spec.
+    """
+
+    def __init__(self, cluster: Any, namespace: str, policy: Policy, poll_s: float = 0.2) -> None:
+        self.cluster, self.namespace, self.policy, self.poll_s = cluster, namespace, policy, poll_s
+        self.answered: list[tuple[str, int, str]] = []
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.running: dict[str, tuple[Trial, str]] = {}  # pod name -> (trial, node) while unanswered
+        self.errors: list[str] = []
+        self._due: list[_Due] = []
+        self._seen: set[str] = set()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> PodCompleter:
+        self._thread = threading.Thread(target=self._loop, name="pod-completer", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+
+    def _loop(self) -> None:
+        from kubernetes import client
+
+        api = self.cluster.api_client()
+        core = client.CoreV1Api(api)
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._poll(core)
+                    self._complete_due(core)
+                except Exception as exc:  # the apiserver may be restarting: keep going
+                    self.errors = [*self.errors[-20:], f"{type(exc).__name__}: {exc}"]
+                self._stop.wait(self.poll_s)
+        finally:
+            api.close()
+
+    def _poll(self, core: Any) -> None:
+        resp = core.list_namespaced_pod(self.namespace, label_selector=MANAGED, _preload_content=False,
+                                        _request_timeout=10)
+        for pod in json.loads(resp.data)["items"]:
+            meta, status = pod["metadata"], pod.get("status") or {}
+            if (meta["uid"] in self._seen or meta.get("deletionTimestamp") or status.get("phase") != "Running"
+                    or not pod["spec"].get("nodeName")):
+                continue
+            self._seen.add(meta["uid"])
+            self.pods[meta["name"]] = pod
+            container = next(c for c in pod["spec"]["containers"] if c["name"] == CONTAINER_NAME)
+            env = next(e["value"] for e in container.get("env", []) if e["name"] == TRIAL_ENV)
+            trial = Trial.from_env(env)
+            with self._lock:
+                self.running[meta["name"]] = (trial, pod["spec"]["nodeName"])
+            reply = self.policy(trial, pod)
+            if reply is not None:
+                self._due.append(_Due(time.monotonic() + reply.delay_s, meta["name"], meta["uid"], reply, trial))
+
+    def _complete_due(self, core: Any) -> None:
+        from kubernetes.client import ApiException
+
+        now = time.monotonic()
+        ready = sorted(d for d in self._due if d.at <= now)
+        self._due = [d for d in self._due if d.at > now]
+        for due in ready:
+            try:
+                pod = core.read_namespaced_pod(due.name, self.namespace, _request_timeout=10)
+                core.read_node(pod.spec.node_name, _request_timeout=10)
+            except ApiException as exc:
+                if exc.status == 404:  # Pod gone, or its machine gone: nothing to report
+                    with self._lock:
+                        self.running.pop(due.name, None)
+                    continue
+                raise
+            if pod.metadata.uid != due.uid or pod.metadata.deletion_timestamp or pod.status.phase != "Running":
+                with self._lock:
+                    self.running.pop(due.name, None)
+                continue
+            stamp = _now()
+            terminated = {"exitCode": due.reply.exit_code, "reason": "Completed" if due.reply.exit_code == 0
+                          else "Error", "startedAt": stamp, "finishedAt": stamp, "message": due.reply.message}
+            cond = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+            body = {"status": {
+                "phase": "Succeeded" if due.reply.exit_code == 0 else "Failed",
+                "conditions": [{"type": "Ready", **cond}, {"type": "ContainersReady", **cond}],
+                "containerStatuses": [{
+                    "name": CONTAINER_NAME, "image": pod.spec.containers[0].image, "imageID": "", "ready": False,
+                    "restartCount": 0, "started": False, "state": {"terminated": terminated}}],
+            }}
+            core.patch_namespaced_pod_status(due.name, self.namespace, body, _request_timeout=10)
+            with self._lock:
+                self.running.pop(due.name, None)
+                self.answered.append((due.trial.target, due.trial.index, due.name))
+
+    def wait_running(self, pred: Callable[[Trial], bool], timeout: float) -> tuple[str, Trial, str]:
+        """(pod name, trial, node) of an unanswered running trial Pod matching ``pred``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                for name, (trial, node) in self.running.items():
+                    if pred(trial):
+                        return name, trial, node
+            time.sleep(0.2)
+        raise AssertionError(f"no matching trial Pod ran within {timeout:.0f}s; errors: {self.errors[-3:]}")
+
+
+# ---------------------------------------------------------------------------- nodes
+
+
+def add_nodes(cluster: Any, pool: str, names: Iterable[str], labels: dict[str, str]) -> list[str]:
+    """Extra fake nodes of ``pool`` (kwok manages them like the fleet's own), with extra labels.
+
+    Tests that delete a node use their own, so the session's fleet stays whole.
+    """
+    from kubernetes import client
+
+    template = cluster.fleet.pool(pool)
+    made = []
+    with cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        for name in names:
+            manifest = template.node_manifest(name)
+            manifest["metadata"]["labels"] |= labels | {"kubernetes.io/hostname": name}
+            core.create_node(manifest)
+            made.append(name)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            nodes = {n.metadata.name: n for n in core.list_node().items if n.metadata.name in made}
+            if len(nodes) == len(made) and all(_ready(n) for n in nodes.values()):
+                return made
+            time.sleep(0.3)
+    raise AssertionError(f"extra nodes {made} not Ready")
+
+
+def _ready(node: Any) -> bool:
+    ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+    assert (node.metadata.annotations or {}).get(KWOK_ANNOTATION) == "fake"
+    return ready and not [t for t in (node.spec.taints or []) if t.key.startswith("node.kubernetes.io/")]
+
+
+def delete_nodes(cluster: Any, names: Iterable[str]) -> None:
+    for name in names:
+        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+# ---------------------------------------------------------------------------- security
+
+
+def assert_restricted(pod: dict[str, Any]) -> None:
+    """The trial Pod runs as non-root, read-only root filesystem, no escalation, no token."""
+    spec = pod["spec"]
+    psc = spec.get("securityContext") or {}
+    assert spec.get("automountServiceAccountToken") is False, "trial pods get no API token"
+    assert psc.get("runAsNonRoot") is True and psc.get("runAsUser", 0) != 0, psc
+    for c in spec["containers"]:
+        csc = c.get("securityContext") or {}
+        assert csc.get("readOnlyRootFilesystem") is True, (c["name"], csc)
+        assert csc.get("allowPrivilegeEscalation") is False, (c["name"], csc)
+        assert csc.get("privileged") in (None, False), (c["name"], csc)
+        assert "ALL" in ((csc.get("capabilities") or {}).get("drop") or []), (c["name"], csc)
+        assert not any(m.get("mountPath", "").startswith("/var/run/secrets") for m in c.get("volumeMounts", []))
+
+
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}")
+_BEARER = re.compile(r"(?i)bearer\s+[A-Za-z0-9._~+/=-]{16,}")
+_PEM = re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE)-----")
+
+
+def credential_fragments(kubeconfig: Path) -> list[str]:
+    """Pieces of the kubeconfig's credentials that must never be echoed anywhere.
+
+    Both the base64 of the kubeconfig fields and the PEM bodies inside them, cut in 32-char
+    slices: a leak of any part of a key (a log line cut short, a wrapped PEM) still matches.
+    """
+    doc = yaml.safe_load(kubeconfig.read_text())
+    secrets: list[str] = []
+    for user in doc.get("users", []):
+        u = user.get("user") or {}
+        for key in ("client-key-data", "client-certificate-data", "token"):
+            if u.get(key):
+                secrets.append(u[key])
+                if key.endswith("-data"):
+                    pem = base64.b64decode(u[key]).decode()
+                    secrets.append("".join(ln for ln in pem.splitlines() if not ln.startswith("-----")))
+    return [s[i: i + 32] for s in secrets for i in range(0, max(1, len(s) - 32), 32) if len(s[i: i + 32]) == 32]
+
+
+def assert_no_secrets(texts: dict[str, str], kubeconfig: Path) -> None:
+    fragments = credential_fragments(kubeconfig)
+    assert fragments, "the kubeconfig has credentials to look for"
+    for where, text in texts.items():
+        leaked = [f for f in fragments if f in text]
+        assert not leaked, f"credential material from the kubeconfig appears in {where}"
+        for pattern in (_JWT, _BEARER, _PEM):
+            m = pattern.search(text)
+            assert m is None, f"{where} contains what looks like a credential: {m.group(0)[:24]}..."
+
+
+# ---------------------------------------------------------------------------- audits
+
+
+def operator_cpu_seconds(pid: int) -> float:
+    """User+system CPU time of a process and its reaped children, from /proc."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tracebacks(log: str) -> list[str]:
+    """Each traceback in an operator log, with the line before it (what was being done)."""
+    lines = log.splitlines()
+    return ["\n".join(lines[max(0, i - 1): i + 12]) for i, ln in enumerate(lines) if ln.startswith("Traceback")]
+
+
+class JobLedger:
+    """Every trial Job seen in a namespace, by polling: name -> uids, and creation times.
+
+    A name seen with two uids is a Job that was created twice (a restarted operator that
+    did not adopt); the uid set also tells how many distinct Jobs a run really made.
+    """
+
+    def __init__(self, cluster: Any, namespace: str, poll_s: float = 0.1) -> None:
+        self.cluster, self.namespace, self.poll_s = cluster, namespace, poll_s
+        self.uids: dict[str, set[str]] = {}
+        self.created: dict[str, str] = {}  # uid -> creationTimestamp
+        self.labels: dict[str, dict[str, str]] = {}  # uid -> labels
+        self.live = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> JobLedger:
+        self._thread = threading.Thread(target=self._loop, name="job-ledger", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(15)
+
+    def _loop(self) -> None:
+        from kubernetes import client
+
+        api = self.cluster.api_client()
+        batch = client.BatchV1Api(api)
+        try:
+            while not self._stop.is_set():
+                try:
+                    resp = batch.list_namespaced_job(self.namespace, label_selector=MANAGED,
+                                                     _preload_content=False, _request_timeout=10)
+                    items = json.loads(resp.data)["items"]
+                except Exception:  # apiserver restarting
+                    items = None
+                if items is not None:
+                    self.live = len(items)
+                    for job in items:
+                        meta = job["metadata"]
+                        self.uids.setdefault(meta["name"], set()).add(meta["uid"])
+                        self.created.setdefault(meta["uid"], meta["creationTimestamp"])
+                        self.labels.setdefault(meta["uid"], meta.get("labels", {}))
+                self._stop.wait(self.poll_s)
+        finally:
+            api.close()
+
+    @property
+    def total(self) -> int:
+        return len(self.created)
+
+    def recreated(self) -> dict[str, int]:
+        return {name: len(uids) for name, uids in self.uids.items() if len(uids) > 1}
