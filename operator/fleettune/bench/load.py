@@ -1,0 +1,532 @@
+"""`fleettune bench load`: the operator under a simulated fleet's load, and a report.
+
+Builds a local control plane with a fleet of N GPUs in P pools (KWOK nodes), starts the
+fleet simulator and the operator (a subprocess, measured from /proc), applies R
+TuningRuns (the convolution example on every pool, random strategy by default) whose
+budgets add up to T trials, waits for them to finish and prints:
+
+* trials per minute; fleet utilisation (GPU-seconds holding a trial Pod between its
+  start and end / GPUs × wall time), overall and in the steady state (10 %-90 % of
+  trials);
+* p50/p99 reaction latency: from a trial Pod finishing (seen on a watch) to the next Job
+  the operator creates for the same run and pool (FIFO matching, the opening burst of
+  each run excluded);
+* operator CPU seconds and peak RSS (VmHWM); API requests per second (the apiserver's
+  ``apiserver_request_total`` delta, every client included) and the busiest verbs;
+* the largest TuningRun object (JSON bytes, sampled during and after the run);
+* an audit: the results store against the simulator's answers (no loss, no duplicate
+  (target, index), each pool exactly at its budget).
+
+Targets (issue 8): p99 < 2 s, utilisation > 90 %, RSS < 1 GiB, TuningRun < 64 KiB.
+Defaults are the full benchmark (300 GPUs, 3 pools, 20 runs, 10 000 trials); for a quick
+run: ``fleettune bench load --gpus 24 --runs 4 --trials 240 --trial-seconds 4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleettune import GROUP, PLURAL, VERSION
+
+NAMESPACE = "bench"
+TARGET_LABEL = f"{GROUP}/target"
+RUN_LABEL = f"{GROUP}/run"
+MANAGED = "app.kubernetes.io/managed-by=fleettune"
+TARGETS = {"p99_latency_s": 2.0, "utilisation": 0.90, "rss_bytes": 1 << 30, "object_bytes": 64 << 10}
+
+
+# ---------------------------------------------------------------------------- fleet and runs
+
+
+def bench_fleet(gpus: int, pools: int, per_node: int) -> Any:
+    """The demo fleet's pools (cycled), resized so the fleet has ``gpus`` GPUs in ``pools`` pools."""
+    from fleettune.cluster.fleet import Fleet, default_fleet
+
+    demo = default_fleet()
+    if gpus % (pools * per_node):
+        raise SystemExit(f"--gpus {gpus} is not a multiple of pools × GPUs per node ({pools} × {per_node})")
+    nodes = gpus // (pools * per_node)
+    out = []
+    for i in range(pools):
+        src = demo.pools[i % len(demo.pools)]
+        name = src.name if i < len(demo.pools) else f"{src.name}-{i}"
+        out.append(src.model_copy(update={
+            "name": name, "nodes": nodes, "gpu": src.gpu.model_copy(update={"per_node": per_node}),
+            # Room for the trial Pods' CPU/memory requests next to every GPU.
+            "resources": src.resources.model_copy(update={"cpu": str(max(16, per_node)), "memory": "256Gi"}),
+        }))
+    return Fleet(pools=out)
+
+
+def example_run() -> dict[str, Any]:
+    root = Path(str(resources.files("fleettune"))).parent.parent
+    path = root / "examples" / "convolution-fleet.yaml"
+    return yaml.safe_load(path.read_text())
+
+
+def run_manifests(fleet: Any, runs: int, trials: int, parallelism: int, strategy: str) -> list[dict[str, Any]]:
+    base = example_run()
+    by_pool = {t["name"]: t for t in base["spec"]["targets"]}
+    pools = fleet.pool_names()
+    per_target = math.ceil(trials / (runs * len(pools)))
+    docs = []
+    for i in range(runs):
+        doc = copy.deepcopy(base)
+        doc["metadata"] = {"name": f"load-{i:02d}", "namespace": NAMESPACE}
+        spec = doc["spec"]
+        spec["strategy"] = {"name": strategy, "seed": i}
+        spec["budget"] = {"trialsPerTarget": per_target, "parallelism": parallelism, "trialTimeoutSeconds": 600,
+                          "maxInfraFailures": 100}
+        targets = []
+        for pool in pools:
+            stem = pool.rsplit("-", 1)[0] if pool not in by_pool else pool
+            target = copy.deepcopy(by_pool[stem])
+            target["name"] = pool
+            # Select by the pool label: extra pools copy another pool's GPU labels.
+            target["nodeSelector"] = {"fleettune.dev/pool": pool}
+            targets.append(target)
+        spec["targets"] = targets
+        docs.append(doc)
+    return docs
+
+
+# ---------------------------------------------------------------------------- observation
+
+
+@dataclass
+class PodTimes:
+    run: str
+    target: str
+    started: float | None = None
+    finished: float | None = None
+
+
+@dataclass
+class Observer:
+    """Watches trial Pods and Jobs and records when each changed, in local wall-clock time."""
+
+    api_factory: Any
+    pods: dict[str, PodTimes] = field(default_factory=dict)
+    jobs: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # uid -> (run, target, created)
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._watch, args=(kind,), daemon=True, name=f"bench-{kind}")
+                   for kind in ("pods", "jobs")]
+        for t in threads:
+            t.start()
+        return threads
+
+    def _watch(self, kind: str) -> None:
+        from kubernetes import client, watch
+
+        api = self.api_factory()
+        lister = (client.CoreV1Api(api).list_namespaced_pod if kind == "pods"
+                  else client.BatchV1Api(api).list_namespaced_job)
+        rv = None
+        while not self.stop.is_set():
+            try:
+                if rv is None:
+                    resp = lister(NAMESPACE, label_selector=MANAGED, _preload_content=False, _request_timeout=60)
+                    raw = json.loads(resp.data)
+                    for item in raw["items"]:
+                        self._seen(kind, item)
+                    rv = raw["metadata"]["resourceVersion"]
+                w = watch.Watch()
+                for ev in w.stream(lister, NAMESPACE, label_selector=MANAGED, resource_version=rv,
+                                   timeout_seconds=5, allow_watch_bookmarks=True, _preload_content=False):
+                    obj = ev["raw_object"]
+                    if ev["type"] == "ERROR":
+                        rv = None
+                        break
+                    rv = obj["metadata"]["resourceVersion"]
+                    if ev["type"] in ("ADDED", "MODIFIED"):
+                        self._seen(kind, obj)
+                    if self.stop.is_set():
+                        w.stop()
+            except Exception as exc:  # keep watching through hiccups
+                self.errors = [*self.errors[-20:], f"{kind}: {type(exc).__name__}: {exc}"]
+                rv = None
+                self.stop.wait(0.5)
+
+    def _seen(self, kind: str, obj: dict[str, Any]) -> None:
+        now = time.time()
+        meta = obj["metadata"]
+        labels = meta.get("labels") or {}
+        if kind == "jobs":
+            self.jobs.setdefault(meta["uid"], (labels.get(RUN_LABEL, ""), labels.get(TARGET_LABEL, ""), now))
+            return
+        times = self.pods.setdefault(meta["uid"], PodTimes(labels.get(RUN_LABEL, ""), labels.get(TARGET_LABEL, "")))
+        phase = (obj.get("status") or {}).get("phase")
+        if phase == "Running" and times.started is None:
+            times.started = now
+        if phase in ("Succeeded", "Failed") and times.finished is None:
+            times.finished = now
+            if times.started is None:
+                times.started = now
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def apiserver_requests(api: Any) -> Counter[tuple[str, str]]:
+    """apiserver_request_total summed by (verb, resource)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False,
+                        _request_timeout=30)
+    text = resp[0].data.decode()
+    out: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for s in family.samples:
+            if s.name == "apiserver_request_total":
+                out[(s.labels.get("verb", ""), s.labels.get("resource", ""))] += s.value
+    return out
+
+
+# ---------------------------------------------------------------------------- analysis
+
+
+def reaction_latencies(pods: dict[str, PodTimes], jobs: dict[str, tuple[str, str, float]]) -> dict[str, list[float]]:
+    """Per pool: each trial Pod's end → the next Job created for the same run and pool (FIFO)."""
+    finishes: dict[tuple[str, str], list[float]] = defaultdict(list)
+    creations: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for p in pods.values():
+        if p.finished is not None:
+            finishes[(p.run, p.target)].append(p.finished)
+    for run, target, created in jobs.values():
+        creations[(run, target)].append(created)
+    out: dict[str, list[float]] = defaultdict(list)
+    for key, ends in finishes.items():
+        made = sorted(creations.get(key, []))
+        j = 0
+        for end in sorted(ends):
+            while j < len(made) and made[j] < end:
+                j += 1
+            if j == len(made):
+                break  # the budget is spent: no next Job
+            out[key[1]].append(made[j] - end)
+            j += 1
+    return out
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def utilisation(pods: dict[str, PodTimes], gpus: int) -> tuple[float, float, float]:
+    """(overall, steady-state, wall seconds): busy GPU-seconds / (GPUs × window)."""
+    spans = [(p.started, p.finished) for p in pods.values() if p.started is not None and p.finished is not None]
+    if not spans:
+        return 0.0, 0.0, 0.0
+    t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
+
+    def busy(a: float, b: float) -> float:
+        return sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans)
+
+    ends = sorted(e for _, e in spans)
+    a, b = ends[len(ends) // 10], ends[(9 * len(ends)) // 10]
+    steady = busy(a, b) / (gpus * (b - a)) if b > a else float("nan")
+    return busy(t0, t1) / (gpus * (t1 - t0)), steady, t1 - t0
+
+
+def audit(records: dict[str, list[Any]], answered: list[tuple[str, str, str, int]], budget: int,
+          targets: list[str]) -> list[str]:
+    problems = []
+    ran = Counter((run, t, i) for (ns, run, t, i) in answered if ns == NAMESPACE)
+    twice = [k for k, n in ran.items() if n > 1]
+    if twice:
+        problems.append(f"{len(twice)} trials answered twice, e.g. {twice[:3]}")
+    for run, recs in records.items():
+        ids = Counter((r.target, r.index) for r in recs)
+        dup = [k for k, n in ids.items() if n > 1]
+        if dup:
+            problems.append(f"{run}: {len(dup)} (target, index) recorded twice, e.g. {dup[:3]}")
+        lost = {(t, i) for (r, t, i) in ran if r == run} - set(ids)
+        if lost:
+            problems.append(f"{run}: {len(lost)} trials ran but have no record, e.g. {sorted(lost)[:3]}")
+        for target in targets:
+            obs = sum(1 for r in recs if r.target == target and r.is_observation)
+            if obs != budget:
+                problems.append(f"{run}/{target}: {obs} observations, budget {budget}")
+    return problems
+
+
+# ---------------------------------------------------------------------------- the benchmark
+
+
+@dataclass
+class Report:
+    gpus: int
+    pools: int
+    runs: int
+    budget_per_target: int
+    parallelism: int
+    strategy: str
+    trial_seconds: float
+    trials_recorded: int = 0
+    infra_failures: int = 0
+    wall_s: float = 0.0
+    trials_per_minute: float = 0.0
+    latency_p50_s: float = float("nan")
+    latency_p99_s: float = float("nan")
+    latency_by_pool: dict[str, dict[str, float]] = field(default_factory=dict)
+    utilisation: float = 0.0
+    utilisation_steady: float = 0.0
+    operator_cpu_s: float = 0.0
+    operator_cpu_share: float = 0.0
+    operator_peak_rss_bytes: int = 0
+    api_requests_per_s: float = 0.0
+    api_top: list[tuple[str, float]] = field(default_factory=list)
+    largest_run_bytes: int = 0
+    suggestion_s: float = 0.0
+    finished: bool = False
+    audit: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        def mark(ok: bool) -> str:
+            return "ok" if ok else "MISSED"
+
+        gib = self.operator_peak_rss_bytes / (1 << 30)
+        lines = [
+            f"fleettune bench load: {self.gpus} GPUs in {self.pools} pools, {self.runs} runs × {self.pools} pools "
+            f"× {self.budget_per_target} trials (parallelism {self.parallelism}, {self.strategy}, "
+            f"~{self.trial_seconds:g} s per trial)",
+            f"  finished:            {'yes' if self.finished else 'NO (timed out)'} in {self.wall_s:.0f} s",
+            f"  trials recorded:     {self.trials_recorded} ({self.infra_failures} infrastructure failures)",
+            f"  trials per minute:   {self.trials_per_minute:.0f}",
+            f"  reaction p50 / p99:  {self.latency_p50_s:.2f} s / {self.latency_p99_s:.2f} s   "
+            f"(target p99 < 2 s: {mark(self.latency_p99_s < TARGETS['p99_latency_s'])})",
+        ]
+        for pool, q in sorted(self.latency_by_pool.items()):
+            lines.append(f"    {pool:<18} p50 {q['p50']:.2f} s  p99 {q['p99']:.2f} s  n={int(q['n'])}")
+        lines += [
+            f"  fleet utilisation:   {self.utilisation:.1%} overall, {self.utilisation_steady:.1%} steady state   "
+            f"(target > 90 %: {mark(self.utilisation_steady > TARGETS['utilisation'])})",
+            f"  operator CPU:        {self.operator_cpu_s:.0f} s ({self.operator_cpu_share:.0%} of one core)",
+            f"  operator peak RSS:   {gib:.2f} GiB   "
+            f"(target < 1 GiB: {mark(self.operator_peak_rss_bytes < TARGETS['rss_bytes'])})",
+            f"  suggestion time:     {self.suggestion_s:.1f} s in total (operator metrics)",
+            f"  API requests/s:      {self.api_requests_per_s:.1f} (all clients)",
+            "    busiest: " + ", ".join(f"{k} {v:.1f}/s" for k, v in self.api_top[:6]),
+            f"  largest TuningRun:   {self.largest_run_bytes / 1024:.1f} KiB   "
+            f"(target < 64 KiB: {mark(self.largest_run_bytes < TARGETS['object_bytes'])})",
+            f"  audit:               {'no trial lost or duplicated' if not self.audit else 'FAILED'}",
+        ]
+        lines += [f"    - {p}" for p in self.audit[:20]]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _scrape_suggestion_seconds(port: int) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return float("nan")
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "fleettune_suggestion_duration_seconds_sum")
+
+
+def run_benchmark(args: argparse.Namespace) -> Report:
+    from kubernetes import client
+
+    from fleettune.cluster import LocalCluster
+    from fleettune.cluster.network import free_port
+    from fleettune.crd import render
+    from fleettune.sim import FleetSimulator
+    from fleettune.store import DATA_KEY, RESULTS_OF, decode_shard
+
+    fleet = bench_fleet(args.gpus, args.pools, args.gpus_per_node)
+    per_pool = args.gpus // args.pools
+    parallelism = args.parallelism or max(1, math.ceil(args.oversubscribe * per_pool / args.runs))
+    docs = run_manifests(fleet, args.runs, args.trials, parallelism, args.strategy)
+    budget = docs[0]["spec"]["budget"]["trialsPerTarget"]
+    report = Report(gpus=args.gpus, pools=args.pools, runs=args.runs, budget_per_target=budget,
+                    parallelism=parallelism, strategy=args.strategy, trial_seconds=args.trial_seconds)
+    state = Path(args.state_dir or tempfile.mkdtemp(prefix="fleettune-bench-"))
+    say = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
+    cluster = LocalCluster(state / "cluster", fleet, die_with_parent=True)
+    operator: subprocess.Popen[bytes] | None = None
+    sim: FleetSimulator | None = None
+    observer: Observer | None = None
+    try:
+        cluster.up(progress=say)
+        crd = state / "crd.yaml"
+        crd.write_text(render())
+        cluster.kubectl("apply", "--server-side", "-f", str(crd))
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        api = cluster.api_client()
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+
+        # Trial time is all "compile": the recorded kernel times add milliseconds on top.
+        sim = FleetSimulator(cluster.kubeconfig, fleet, time_scale=1.0, compile_s=args.trial_seconds).start()
+        metrics_port = free_port()
+        log = open(state / "operator.log", "wb")  # noqa: SIM115 (closed with the process)
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "fleettune.cli", "operator", "-n", NAMESPACE, "--metrics-port",
+             str(metrics_port), "--metrics-address", "127.0.0.1"],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        observer = Observer(cluster.api_client)
+        observer.start()
+        time.sleep(3)  # the operator's start-up (imports) is not part of the run
+        req0 = apiserver_requests(api)
+        cpu0 = proc_cpu_seconds(operator.pid)
+        t0 = time.time()
+        for doc in docs:
+            custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, doc)
+        say(f"{len(docs)} TuningRuns applied: {budget} trials per pool each, parallelism {parallelism}")
+
+        largest = 0
+        deadline = time.monotonic() + args.timeout
+        last_print = 0.0
+        while time.monotonic() < deadline:
+            if operator.poll() is not None:
+                report.notes.append(f"the operator exited with {operator.returncode}; see {state / 'operator.log'}")
+                break
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+            largest = max([largest, *(len(json.dumps(i, separators=(",", ":"))) for i in items)])
+            phases = Counter((i.get("status") or {}).get("phase", "Pending") for i in items)
+            done = sum((i.get("status") or {}).get("trials", {}).get("completed", 0) for i in items)
+            if time.monotonic() - last_print > 15:
+                say(f"{time.time() - t0:5.0f} s: {done} trials, runs {dict(phases)}, "
+                    f"operator RSS {proc_peak_rss(operator.pid) / 2**20:.0f} MiB")
+                last_print = time.monotonic()
+            if phases.get("Succeeded", 0) + phases.get("Failed", 0) == len(docs):
+                report.finished = True
+                break
+            time.sleep(2)
+        wall = time.time() - t0
+        report.wall_s = wall
+        if operator.poll() is None:
+            report.operator_cpu_s = proc_cpu_seconds(operator.pid) - cpu0
+            report.operator_peak_rss_bytes = proc_peak_rss(operator.pid)
+        report.operator_cpu_share = report.operator_cpu_s / wall if wall else 0.0
+        req = apiserver_requests(api)
+        delta = Counter({k: req[k] - req0.get(k, 0.0) for k in req})
+        report.api_requests_per_s = sum(delta.values()) / wall
+        report.api_top = [(f"{verb} {res}", n / wall) for (verb, res), n in delta.most_common(8)]
+        report.suggestion_s = _scrape_suggestion_seconds(metrics_port)
+
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+        report.largest_run_bytes = max([largest, *(len(json.dumps(i, separators=(",", ":"))) for i in items)])
+        records: dict[str, list[Any]] = {}
+        for doc in docs:
+            name = doc["metadata"]["name"]
+            cms = core.list_namespaced_config_map(NAMESPACE, label_selector=f"{RESULTS_OF}={name}").items
+            records[name] = [r for cm in cms for r in decode_shard((cm.binary_data or {})[DATA_KEY])]
+        all_records = [r for recs in records.values() for r in recs]
+        report.trials_recorded = sum(r.is_observation for r in all_records)
+        report.infra_failures = sum(not r.is_observation for r in all_records)
+        report.trials_per_minute = 60 * len(all_records) / wall if wall else 0.0
+        report.audit = audit(records, list(sim.answered), budget, fleet.pool_names())
+        if not report.finished:
+            report.audit.append("not every run finished before --timeout")
+
+        lat = reaction_latencies(observer.pods, observer.jobs)
+        every = [x for xs in lat.values() for x in xs]
+        report.latency_p50_s, report.latency_p99_s = quantile(every, 0.5), quantile(every, 0.99)
+        report.latency_by_pool = {p: {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "n": len(xs)}
+                                  for p, xs in lat.items()}
+        report.utilisation, report.utilisation_steady, _ = utilisation(observer.pods, args.gpus)
+        if observer.errors:
+            report.notes.append(f"watch errors: {observer.errors[-1]}")
+        if sim.errors:
+            report.notes.append(f"simulator errors ({len(sim.errors)}): {sim.errors[-1]}")
+        report.notes.append(f"operator log: {state / 'operator.log'}")
+        if args.profile and operator.poll() is None:
+            report.notes.append(f"py-spy profile: {args.profile}")
+        api.close()
+        return report
+    finally:
+        if observer is not None:
+            observer.stop.set()
+        if operator is not None and operator.poll() is None:
+            os.killpg(operator.pid, signal.SIGTERM)
+            try:
+                operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(operator.pid, signal.SIGKILL)
+                operator.wait(timeout=10)
+        if sim is not None:
+            sim.stop()
+        if not args.keep:
+            cluster.down()
+        else:
+            print(f"[bench] kept: KUBECONFIG={cluster.kubeconfig}  (stop: fleettune cluster down "
+                  f"--state-dir {cluster.state_dir})", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fleettune bench load", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, default=300, help="GPUs in the fleet (default 300)")
+    parser.add_argument("--pools", type=int, default=3, help="node pools (default 3)")
+    parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=20, help="concurrent TuningRuns (default 20)")
+    parser.add_argument("--trials", type=int, default=10_000, help="trials in total (default 10 000)")
+    parser.add_argument("--trial-seconds", type=float, default=20.0,
+                        help="simulated duration of one trial (default 20 s)")
+    parser.add_argument("--strategy", default="random", choices=["random", "bayes", "genetic"])
+    parser.add_argument("--parallelism", type=int, default=0,
+                        help="trials at once per run and pool (default: enough to oversubscribe the pool)")
+    parser.add_argument("--oversubscribe", type=float, default=1.25,
+                        help="with the default parallelism: Jobs in flight per GPU of a pool (default 1.25)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds")
+    parser.add_argument("--state-dir", default=None, help="where the cluster lives (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    parser.add_argument("--profile", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("-q", "--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    report = run_benchmark(args)
+    print(report.render())
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(report), indent=2, default=str))
+    ok = (report.finished and not report.audit)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
