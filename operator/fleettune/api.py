@@ -114,6 +114,10 @@ class BudgetSpec(_Model):
     patience: int | None = Field(
         default=None, ge=1, le=100_000, description="Stop a pool after this many trials without improvement."
     )
+    deadline_seconds: int | None = Field(
+        default=None, ge=1, le=30 * 86_400,
+        description="Stop every pool this long after the run (or its current round) started; running trials end.",
+    )
 
 
 class TargetSpec(_Model):
@@ -131,6 +135,10 @@ class TargetSpec(_Model):
     allow_privileged: bool = Field(
         default=False, description="Run trial pods without the restricted security context (e.g. some edge nodes)."
     )
+    allow_shared_gpus: bool = Field(
+        default=False,
+        description="Also use nodes whose GPUs are shared (time-slicing, MPS); their timings are noisy.",
+    )
 
 
 class JobTemplateSpec(_Model):
@@ -140,6 +148,15 @@ class JobTemplateSpec(_Model):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     ttl_seconds_after_finished: int = Field(default=3600, ge=0, le=604_800)
     backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")
+
+
+class PublishSpec(_Model):
+    config_map_name: str = Field(
+        max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap that receives the best configuration per pool."
+    )
+    retain_on_delete: bool = Field(
+        default=False, description="Keep the ConfigMap when the run is deleted (applications keep starting)."
+    )
 
 
 class TuningRunSpec(_Model):
@@ -162,7 +179,12 @@ class TuningRunSpec(_Model):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     targets: list[TargetSpec] = Field(min_length=1, max_length=16)
     job_template: JobTemplateSpec = Field(default_factory=JobTemplateSpec)
-    retune_policy: RetunePolicy = "Manual"
+    retune_policy: RetunePolicy = Field(
+        default="Manual",
+        description="OnDriverChange: re-tune a pool, warm-started, when its GPU fingerprint changes. Manual: only mark "
+        "it Stale; re-tune when the annotation fleettune.dev/retune-requested-at changes.",
+    )
+    publish: PublishSpec | None = None
 
 
 # ---------------------------------------------------------------- status
@@ -184,6 +206,23 @@ class Fingerprint(_Model):
     cuda_runtime_version: str = ""
     simulated: bool = False
     synthetic: bool = False
+
+
+class TunedFor(_Model):
+    """The GPU fingerprint (from node labels) a pool's current round is tuned for."""
+
+    product: str | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+    cuda_runtime_version: str | None = None
+    mig_profile: str | None = None
+    sharing: str | None = None
+    replicas: int | None = None
+    arch: str | None = None
+    l4t_version: str | None = Field(default=None, alias="l4tVersion")
+    family: str | None = None
+    memory_mib: int | None = None
+    source: str | None = None
 
 
 class ConfigResult(_Model):
@@ -209,6 +248,10 @@ class TargetStatus(TrialCounts):
     fingerprint: Fingerprint | None = None
     best: ConfigResult | None = None
     top: list[ConfigResult] = Field(default_factory=list, max_length=5)
+    round: int = Field(default=1, description="Tuning round; a driver change or a retune request starts the next.")
+    round_started_at: str | None = None
+    tuned_for: TunedFor | None = None
+    stale: str | None = Field(default=None, description="What changed since the round started (old → new).")
     default_ms: float | None = None
     speedup: float | None = Field(default=None, description="Default configuration's time / best time.")
     message: str = ""
@@ -228,6 +271,11 @@ class TuningRunStatus(_Model):
     trials: TrialCounts = Field(default_factory=TrialCounts)
     targets: list[TargetStatus] = Field(default_factory=list, max_length=16)
     results: ResultsRef | None = None
+    space_hash: str | None = Field(default=None, description="Hash of kernel, parameters, constraints, objective.")
+    last_handled_retune_at: str | None = Field(
+        default=None, description="The fleettune.dev/retune-requested-at token last acted on."
+    )
+    published: str | None = Field(default=None, description="ConfigMap holding the published best configurations.")
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
     started_at: str | None = None
     completed_at: str | None = None

@@ -8,6 +8,7 @@ deleting the run garbage-collects its Jobs and their Pods.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from typing import Any
@@ -70,6 +71,21 @@ def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
     )
 
 
+def with_node_expressions(affinity: dict[str, Any] | None, expressions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The target's affinity with `expressions` added to every required node-selector term
+    (terms are ORed, expressions within a term ANDed: each term must also exclude them)."""
+    if not expressions:
+        return affinity
+    out = copy.deepcopy(affinity) if affinity else {}
+    required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).extend(copy.deepcopy(expressions))
+    return out
+
+
 def _security(target: TargetSpec) -> tuple[dict[str, Any], dict[str, Any]]:
     if target.allow_privileged:
         return {}, {}
@@ -99,7 +115,12 @@ def render_job(
     index: int,
     config: dict[str, Any],
     config_key: str,
+    pin: dict[str, str] | None = None,
+    node_expressions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
+    tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
+    shared GPUs)."""
     trial = make_trial(run, spec, target, index, config)
     labels = {MANAGED_BY: "fleettune", RUN_LABEL: run, TARGET_LABEL: target.name, TRIAL_LABEL: str(index)}
     pod_security, container_security = _security(target)
@@ -137,10 +158,12 @@ def render_job(
         ],
         "volumes": volumes,
     }
-    if target.node_selector:
-        pod_spec["nodeSelector"] = dict(target.node_selector)
-    if target.affinity:
-        pod_spec["affinity"] = target.affinity
+    selector = {**(target.node_selector or {}), **(pin or {})}
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    affinity = with_node_expressions(target.affinity, node_expressions or [])
+    if affinity:
+        pod_spec["affinity"] = affinity
     if target.tolerations:
         pod_spec["tolerations"] = target.tolerations
     if target.runtime_class_name:

@@ -63,6 +63,9 @@ def target_status(
     space_size: int | None = None,
     default_key: str | None = None,
     message: str = "",
+    tuning_round: int = 1,
+    tuned_for: dict[str, Any] | None = None,
+    stale: str | None = None,
 ) -> TargetStatus:
     best = ranked(records)
     top = [
@@ -90,6 +93,9 @@ def target_status(
         default_ms=round(default.objective, 6) if default and default.objective else None,
         speedup=speedup,
         message=message,
+        round=tuning_round,
+        tuned_for=tuned_for,
+        stale=stale,
         **counts(records, running).model_dump(),
     )
 
@@ -122,7 +128,9 @@ def run_status(
     results: dict[str, Any] | None,
     reason: str,
     message: str,
+    extra: dict[str, Any] | None = None,
 ) -> TuningRunStatus:
+    """`extra`: further top-level status fields (snake_case names of TuningRunStatus)."""
     prev = previous or TuningRunStatus()
     total = TrialCounts(
         **{f: sum(getattr(t, f) for t in targets) for f in TrialCounts.model_fields}
@@ -143,6 +151,10 @@ def run_status(
         message if degraded else "",
         generation,
     )
+    stale = [f"{t.name}: {t.stale}" for t in targets if t.stale]
+    conditions = set_condition(
+        conditions, "Stale", bool(stale), "FingerprintChanged" if stale else "UpToDate", "; ".join(stale), generation
+    )
     return TuningRunStatus(
         phase=phase,  # type: ignore[arg-type]
         observed_generation=generation,
@@ -154,4 +166,5 @@ def run_status(
         conditions=conditions,
         started_at=prev.started_at or now(),
         completed_at=(prev.completed_at or now()) if terminal else None,
+        **(extra or {}),
     )

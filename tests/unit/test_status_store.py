@@ -53,3 +53,15 @@ def test_conditions_keep_transition_time_until_status_changes():
                       message="")
     ready = next(c for c in done.conditions if c.type == "Ready")
     assert ready.status == "True" and done.completed_at is not None
+
+
+def test_every_fingerprint_field_fits_the_status_schema():
+    from fleettune.fingerprint import NodeFingerprint
+
+    fp = NodeFingerprint(
+        product="Jetson-AGX-Orin", compute_capability="8.7", driver_version="540.4.0", cuda_runtime_version="12.6",
+        mig_profile="1g.5gb", sharing="mps", replicas=2, arch="arm64", l4t_version="36.4.0", family="ampere",
+        memory_mib=32768, source="fleettune",
+    )
+    st = target_status(name="orin", phase="Running", budget=1, records=[], running=0, tuned_for=fp.to_status())
+    assert NodeFingerprint.from_status(st.tuned_for.dump()) == fp

@@ -1,4 +1,4 @@
-"""kopf wiring: one tuning daemon per TuningRun, woken by the events of its Jobs.
+"""kopf wiring: one tuning daemon per TuningRun, woken by the events of its Jobs and of nodes.
 
 Only a daemon and raw event handlers are used: no change handlers, so kopf writes no
 diff-base or progress annotations into users' objects (GitOps tools see no drift).
@@ -15,14 +15,19 @@ import kopf
 
 from fleettune import GROUP, PLURAL, VERSION, metrics
 from fleettune.controller.kube import Kube
-from fleettune.controller.tuner import RunLoop, is_settled
+from fleettune.controller.tuner import RunLoop
+from fleettune.fingerprint import relevant_labels
 from fleettune.jobs import MANAGED_BY
 
 IDLE_WAKEUP_S = 5.0
-SETTLED_WAKEUP_S = 300.0
+FINISHED_WAKEUP_S = 300.0
 
 _wakers: dict[str, asyncio.Event] = {}
 _kube: Kube | None = None
+# Node label changes that matter (driver upgrades, cordons, new or lost nodes) bump the
+# epoch; runs re-read the nodes only then (or when their copy is old).
+_nodes_seen: dict[str, tuple[dict[str, str], bool]] = {}
+_node_epoch = 0
 
 
 def kube() -> Kube:
@@ -30,6 +35,10 @@ def kube() -> Kube:
     if _kube is None:
         _kube = Kube()
     return _kube
+
+
+def node_epoch() -> int:
+    return _node_epoch
 
 
 @kopf.on.startup()
@@ -55,6 +64,22 @@ def job_event(body: kopf.Body, **_: Any) -> None:
         _wake(owner.get("uid"))
 
 
+@kopf.on.event("", "v1", "nodes")
+def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
+    global _node_epoch
+    seen = None if type == "DELETED" else (relevant_labels(body.metadata.labels or {}),
+                                           bool(body.spec.get("unschedulable")))
+    if _nodes_seen.get(name) == seen:
+        return  # heartbeats, gfd.timestamp relabels, ...
+    if seen is None:
+        _nodes_seen.pop(name, None)
+    else:
+        _nodes_seen[name] = seen
+    _node_epoch += 1
+    for waker in _wakers.values():
+        waker.set()
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def run_event(uid: str, name: str, namespace: str, type: str | None, **_: Any) -> None:
     if type == "DELETED":
@@ -65,29 +90,18 @@ def run_event(uid: str, name: str, namespace: str, type: str | None, **_: Any) -
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
 async def tune(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
     wake = _wakers.setdefault(uid, asyncio.Event())
-    loop = RunLoop(kube(), body, logger)
+    loop = RunLoop(kube(), body, logger, node_epoch)
     try:
         while not stopped:
             wake.clear()
-            if is_settled(body):
-                # Runs finished before this operator started still get their gauges.
-                budget = (body.get("spec") or {}).get("budget") or {}
-                metrics.observe_status(
-                    body.metadata.namespace, body.metadata.name, dict(body.get("status") or {}),
-                    parallelism=budget.get("parallelism"),
-                )
-                timeout = SETTLED_WAKEUP_S
-            else:
-                try:
-                    finished = await loop.step()
-                except kopf.TemporaryError:
-                    raise
-                except Exception as exc:  # keep tuning after API hiccups; report and retry
-                    logger.exception("tuning step failed: %s", exc)
-                    metrics.reconcile_error(body.metadata.namespace, body.metadata.name)
-                    finished = False
-                timeout = SETTLED_WAKEUP_S if finished else IDLE_WAKEUP_S
+            try:
+                finished = await loop.step()
+            except Exception as exc:  # keep tuning after API hiccups; report and retry
+                logger.exception("tuning step failed: %s", exc)
+                metrics.reconcile_error(body.metadata.namespace, body.metadata.name)
+                finished = False
+            # A finished run still wakes for spec edits, retune requests and node changes.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=timeout)
+                await asyncio.wait_for(wake.wait(), timeout=FINISHED_WAKEUP_S if finished else IDLE_WAKEUP_S)
     finally:
         _wakers.pop(uid, None)

@@ -74,6 +74,23 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            return self.core.read_namespaced_config_map(name, namespace).data or {}
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        """Create or wholly replace: one write, so readers never see half an update."""
+        try:
+            self.core.create_namespaced_config_map(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.replace_namespaced_config_map(body["metadata"]["name"], namespace, body)
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}

@@ -4,7 +4,8 @@ Each step reconciles from what the cluster says, so the loop is resumable at any
 finished Jobs are read and their records stored durably *before* the Jobs are deleted;
 Jobs still running are adopted (their names are deterministic, and their configurations
 count as pending); each pool's Study is rebuilt from the stored records after a
-restart. Blocking API calls and model fitting run in worker threads.
+restart, and its round and fingerprint from the status. Blocking API calls and model
+fitting run in worker threads.
 """
 
 from __future__ import annotations
@@ -12,28 +13,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from fleettune import metrics
-from fleettune.api import TargetSpec, TargetStatus, TuningRunSpec, TuningRunStatus
+from fleettune import GROUP, metrics
+from fleettune.api import TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.kube import Kube
+from fleettune.controller.pool import (
+    Node,
+    Pool,
+    SpecError,
+    build_search,
+    current_fingerprint,
+    make_study,
+    matching_nodes,
+    product_of,
+    space_hash,
+)
+from fleettune.fingerprint import (
+    NodeFingerprint,
+    describe_change,
+    eligibility_affinity,
+    is_stale,
+    pinning_selector,
+)
 from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector
+from fleettune.publish import PublishedEntry, publish_plan, published_configmap
 from fleettune.results import TrialRecord, job_finished, record_from_job
-from fleettune.status import run_status, target_status
+from fleettune.status import ranked, run_status, target_status
 from fleettune.store import ResultsStore, shard_name
 from fleettune_job.protocol import TRIAL_ENV, Trial
 
-GENERATION = 1  # results generation; a later change of kernel or space starts a new one
-PRODUCT_LABELS = ("nvidia.com/gpu.product", "fleettune.dev/gpu.product")
+ROUND_LABEL = f"{GROUP}/round"
+RETUNE_ANNOTATION = f"{GROUP}/retune-requested-at"
 NODE_RECHECK_S = 30.0
+NODES_MAX_AGE_S = 15.0
 
-
-class SpecError(ValueError):
-    """A spec the API server accepted but the operator cannot run; names the field."""
+__all__ = ["ROUND_LABEL", "RunLoop", "SpecError", "parse_spec"]
 
 
 def field_path(loc: tuple[Any, ...]) -> str:
@@ -51,10 +70,6 @@ def parse_spec(raw: Mapping[str, Any]) -> TuningRunSpec:
         raise SpecError(f"{field_path(err['loc'])}: {err['msg']}") from None
 
 
-def _selector(labels: Mapping[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels.items())
-
-
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     # Timed inside the worker thread, so waiting for a free thread is not counted.
     started = time.perf_counter()
@@ -67,39 +82,43 @@ def trial_of(job: dict[str, Any]) -> Trial:
     return Trial.from_env(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
 
 
-@dataclass
-class Pool:
-    """One target pool's search state."""
+def round_of(job: dict[str, Any]) -> int:
+    return int(job["metadata"].get("labels", {}).get(ROUND_LABEL, "1"))
 
-    spec: TargetSpec
-    seed: int
-    phase: str = "Pending"
-    message: str = ""
-    device: str = ""
-    space: Any = None
-    study: Any = None
-    space_size: int | None = None
-    default_key: str | None = None
-    default_config: dict[str, Any] | None = None
-    observed: set[int] = field(default_factory=set)
-    next_check: float = 0.0
 
-    @property
-    def done(self) -> bool:
-        return self.phase in ("Succeeded", "Failed")
+def _epoch(iso: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+    except ValueError:
+        return None
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
 
 
 class RunLoop:
-    def __init__(self, kube: Kube, body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        body: Mapping[str, Any],
+        logger: logging.Logger | logging.LoggerAdapter,
+        node_epoch: Callable[[], int] = lambda: 0,
+    ) -> None:
         meta = body["metadata"]
-        self.kube, self.body, self.log = kube, body, logger
+        self.kube, self.body, self.log, self.node_epoch = kube, body, logger, node_epoch
         self.name, self.namespace, self.uid = meta["name"], meta["namespace"], meta["uid"]
         self.store = ResultsStore(kube.core, self.namespace, self.name, self.uid)
         self.pools: dict[str, Pool] = {}
         self.spec: TuningRunSpec | None = None
         self.spec_generation: int | None = None
         self.spec_error: str | None = None
+        self.space_hash: str | None = None
+        self.retune_token: str | None = None
         self.last_status: dict[str, Any] | None = None
+        self.published: dict[str, str] | None = None
+        self.nodes: dict[str, Node] = {}
+        self.nodes_read: tuple[int, float] | None = None
         self.loaded = False
 
     # ------------------------------------------------------------------ setup
@@ -118,8 +137,18 @@ class RunLoop:
         except ValidationError:
             return None
 
+    async def _load(self) -> None:
+        """After a (re)start: the stored records, and each pool's round and fingerprint."""
+        await asyncio.to_thread(self.store.load)
+        previous = self._previous_status()
+        if previous is not None:
+            self.space_hash = previous.space_hash
+            self.retune_token = previous.last_handled_retune_at
+        self._restored = {t.name: t for t in (previous.targets if previous else [])}
+        self.loaded = True
+
     def _configure(self) -> None:
-        """(Re)read the spec; new budgets and parallelism apply to existing pools."""
+        """(Re)read the spec: budgets and parallelism apply at once; a new search space starts new rounds."""
         self.spec_generation = self.generation
         try:
             self.spec = parse_spec(self.body["spec"])
@@ -127,78 +156,112 @@ class RunLoop:
         except SpecError as exc:
             self.spec, self.spec_error = None, str(exc)
             return
+        new_hash = space_hash(self.spec)
+        space_changed = self.space_hash is not None and new_hash != self.space_hash
+        self.space_hash = new_hash
         for i, target in enumerate(self.spec.targets):
             pool = self.pools.get(target.name)
             if pool is None:
-                self.pools[target.name] = Pool(spec=target, seed=self.spec.strategy.seed + 7919 * i)
+                pool = self.pools[target.name] = Pool(spec=target, seed=self.spec.strategy.seed + 7919 * i)
+                self._restore(pool)
             else:
                 pool.spec = target
                 if pool.phase == "Succeeded":
                     pool.phase = "Running"  # a larger budget re-opens a finished pool
+            if space_changed:
+                self._new_round(pool, "the search space changed")
+            elif pool.phase != "Failed":
+                pool.study = None  # rebuilt for the (possibly new) device limits and strategy
         for gone in set(self.pools) - {t.name for t in self.spec.targets}:
             del self.pools[gone]
             metrics.forget_target(self.namespace, self.name, gone)
 
-    def _setup_pool(self, pool: Pool, loop_time: float) -> None:
-        """Find the pool's nodes and device, and build its search space and study (worker thread)."""
-        from fleettune.optimize import Study
-        from fleettune.space import SearchSpace, SpaceError, lookup_device
+    def _restore(self, pool: Pool) -> None:
+        old = self._restored.get(pool.spec.name)
+        rounds = [r.generation for r in pool.records(self.store.records, all_rounds=True)]
+        pool.round = max([old.round if old else 1, *rounds])
+        if old is not None:
+            if old.tuned_for is not None:
+                pool.tuned_for = NodeFingerprint.from_status(old.tuned_for.dump())
+            pool.stale = old.stale
+            if old.phase in ("Succeeded", "Failed"):
+                pool.phase, pool.message = old.phase, old.message
+            pool.round_started = _epoch(old.round_started_at)
 
+    def _new_round(self, pool: Pool, reason: str) -> None:
+        pool.round += 1
+        pool.round_started = time.time()
+        pool.tuned_for = pool.current.fingerprint if pool.current is not None else None
+        pool.stale, pool.study = None, None
+        pool.phase, pool.message = "Running", f"round {pool.round}: {reason}"
+        self.log.info("%s: %s", pool.spec.name, pool.message)
+
+    async def _refresh_nodes(self) -> None:
+        epoch, now = self.node_epoch(), time.monotonic()
+        if self.nodes_read is not None and self.nodes_read[0] == epoch and now - self.nodes_read[1] < NODES_MAX_AGE_S:
+            return
+        nodes = await asyncio.to_thread(self.kube.list_nodes, "")
+        self.nodes = {
+            n["metadata"]["name"]: (n["metadata"].get("labels") or {}, bool(n.get("spec", {}).get("unschedulable")))
+            for n in nodes
+        }
+        self.nodes_read = (epoch, now)
+
+    def _track_fleet(self, pool: Pool, loop_time: float) -> bool:
+        """Update the pool's view of its nodes; False when it has none to run on."""
         assert self.spec is not None
-        target = pool.spec
-        product = target.device
-        if target.node_selector:
-            nodes = self.kube.list_nodes(_selector(target.node_selector))
-            if not nodes:
-                pool.phase, pool.next_check = "Unschedulable", loop_time + NODE_RECHECK_S
-                pool.message = (
-                    f"no node matches spec.targets[{target.name}].nodeSelector {_selector(target.node_selector)}"
-                )
-                return
-            labels = nodes[0]["metadata"].get("labels", {})
-            product = product or next((labels[k] for k in PRODUCT_LABELS if k in labels), None)
-        pool.device = product or "unknown"
-        device = lookup_device(product) if product else None
-        params = [p.dump() for p in self.spec.parameters]
-        try:
-            space = SearchSpace.from_spec(params, list(self.spec.constraints), device)
-            size = space.count()
-        except SpaceError as exc:
-            raise SpecError(f"spec.{exc}") from None
-        if size == 0:
-            raise SpecError("spec.constraints: no configuration satisfies the constraints on " + pool.device)
-        default = self.spec.kernel.default_config
-        if default is not None:
-            try:
-                row = space.to_rows([default])
-            except SpaceError as exc:
-                raise SpecError(f"spec.kernel.defaultConfig: {exc}") from None
-            if not bool(space.is_valid(row)[0]):
-                raise SpecError(f"spec.kernel.defaultConfig: violates the constraints on {pool.device}")
-            pool.default_key, pool.default_config = space.key(default), default
-        pool.space, pool.space_size = space, size
-        pool.study = Study(space, strategy=self.spec.strategy.name, seed=pool.seed, options=self.spec.strategy.options)
-        pool.observed = set()
-        pool.phase, pool.message = "Running", ""
+        nodes = matching_nodes(self.nodes, pool.spec)
+        pool.current = current_fingerprint(nodes, pool.spec)
+        if nodes is not None and pool.current is None:
+            if not pool.done:
+                pool.phase = "Unschedulable"
+                pool.next_check = loop_time + NODE_RECHECK_S
+                why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
+                pool.message = f"{why} spec.targets[{pool.spec.name}].nodeSelector {pool.spec.node_selector}"
+            return False
+        if pool.phase == "Unschedulable":
+            pool.phase, pool.message = "Running", ""
+        current = pool.current.fingerprint if pool.current else None
+        if pool.tuned_for is None and current is not None:
+            pool.tuned_for = current
+        if pool.current is not None and not pool.current.mixed and is_stale(pool.tuned_for, current):
+            change = describe_change(pool.tuned_for, current)
+            if self.spec.retune_policy == "OnDriverChange":
+                self._new_round(pool, f"GPU fingerprint changed: {change}")
+            elif pool.stale != change:
+                pool.stale = change
+                self.log.warning("%s is stale: %s (retunePolicy Manual)", pool.spec.name, change)
+        return True
+
+    def _retune_requested(self) -> None:
+        token = (self.body["metadata"].get("annotations") or {}).get(RETUNE_ANNOTATION)
+        if token and token != self.retune_token:
+            if self.retune_token is not None or self.last_status is not None or self._restored:
+                for pool in self.pools.values():
+                    if pool.phase != "Unschedulable":
+                        self._new_round(pool, f"re-tune requested ({token})")
+            self.retune_token = token
 
     # ------------------------------------------------------------------ one step
 
     async def step(self) -> bool:
         """Reconcile once; True when the run is finished (nothing left to do for this generation)."""
         if not self.loaded:
-            await asyncio.to_thread(self.store.load)
-            self.loaded = True
+            await self._load()
         if self.spec_generation != self.generation:
             self._configure()
         if self.spec is None:
             await self._write_status("Failed", [], "InvalidSpec", self.spec_error or "invalid spec")
             return True
-
+        self._retune_requested()
+        await self._refresh_nodes()
         loop_time = asyncio.get_running_loop().time()
         for pool in self.pools.values():
-            if pool.study is None and pool.phase != "Failed" and loop_time >= pool.next_check:
+            if not self._track_fleet(pool, loop_time) or pool.phase == "Failed":
+                continue
+            if pool.study is None and loop_time >= pool.next_check:
                 try:
-                    await asyncio.to_thread(self._setup_pool, pool, loop_time)
+                    await asyncio.to_thread(self._setup_pool, pool)
                 except SpecError as exc:
                     self.spec_error = str(exc)
                     await self._write_status("Failed", [], "InvalidSpec", str(exc))
@@ -209,8 +272,20 @@ class RunLoop:
         await self._feed_studies()
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
-                await self._advance(pool, running.get(pool.spec.name, []))
-        return await self._report(running)
+                await self._advance(pool, running.setdefault(pool.spec.name, []))
+        finished = await self._report(running)
+        await self._publish()
+        return finished
+
+    def _setup_pool(self, pool: Pool) -> None:
+        """Search space for the pool's device and a Study warm-started from older rounds (worker thread)."""
+        assert self.spec is not None
+        build_search(self.spec, pool, product_of(pool, matching_nodes(self.nodes, pool.spec)))
+        make_study(self.spec, pool, self.store.records)
+        if pool.round_started is None:
+            pool.round_started = time.time()
+        if pool.phase in ("Pending", "Unschedulable"):
+            pool.phase = "Running"
 
     async def _collect(self, jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         """Store the records of finished Jobs, then delete those Jobs; return the running ones per pool."""
@@ -220,15 +295,21 @@ class RunLoop:
         for job in jobs:
             labels = job["metadata"].get("labels", {})
             target, index = labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1"))
+            pool = self.pools.get(target)
             if not job_finished(job):
+                if pool is None or round_of(job) != pool.round:
+                    # A trial of a removed pool, or of an older round (older driver or space),
+                    # would only measure the past.
+                    await asyncio.to_thread(self.kube.delete_job, self.namespace, job["metadata"]["name"])
+                    continue
                 running.setdefault(target, []).append(job)
                 continue
             finished.append(job)
-            if (GENERATION, target, index) not in self.store:
+            if (round_of(job), target, index) not in self.store:
                 pods = await asyncio.to_thread(
                     self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
                 )
-                fresh.append(record_from_job(job, pods, trial_of(job).config, GENERATION))
+                fresh.append(record_from_job(job, pods, trial_of(job).config, round_of(job)))
                 timings[(target, index)] = metrics.trial_timings(job, pods)
         if fresh:
             stored = await asyncio.to_thread(self.store.append, fresh)
@@ -250,11 +331,7 @@ class RunLoop:
         for pool in self.pools.values():
             if pool.study is None:
                 continue
-            new = [
-                r for r in self.store.records
-                if r.target == pool.spec.name and r.generation == GENERATION
-                and r.index not in pool.observed and r.is_observation
-            ]
+            new = [r for r in pool.records(self.store.records) if r.index not in pool.observed and r.is_observation]
             if new:
                 await asyncio.to_thread(self._observe, pool, new)
 
@@ -264,27 +341,32 @@ class RunLoop:
             pool.observed.add(rec.index)
             pool.study.observe(rec.config, rec.outcome, rec.objective, rec.times)
 
-    def _pool_records(self, pool: Pool) -> list[TrialRecord]:
-        return [r for r in self.store.records if r.target == pool.spec.name and r.generation == GENERATION]
+    async def _stop(self, pool: Pool, running: list[dict[str, Any]], phase: str, message: str) -> None:
+        for job in running:
+            await asyncio.to_thread(self.kube.delete_job, self.namespace, job["metadata"]["name"])
+        running.clear()
+        pool.phase, pool.message = phase, message
 
     async def _advance(self, pool: Pool, running: list[dict[str, Any]]) -> None:
         assert self.spec is not None
         budget = self.spec.budget
-        records = self._pool_records(pool)
+        records = pool.records(self.store.records)
         observations = sum(r.is_observation for r in records)
         infra = len(records) - observations
         if infra > budget.max_infra_failures:
-            pool.phase = "Failed"
-            pool.message = f"{infra} infrastructure failures (budget.maxInfraFailures={budget.max_infra_failures})"
-            for job in running:
-                await asyncio.to_thread(self.kube.delete_job, self.namespace, job["metadata"]["name"])
+            await self._stop(pool, running, "Failed", f"{infra} infrastructure failures "
+                             f"(budget.maxInfraFailures={budget.max_infra_failures})")
             return
-        reason = None
+        elapsed = time.time() - (pool.round_started or time.time())
+        if budget.deadline_seconds and elapsed > budget.deadline_seconds:
+            await self._stop(pool, running, "Succeeded", f"deadline reached (budget.deadlineSeconds="
+                             f"{budget.deadline_seconds})")
+            return
         if observations >= budget.trials_per_target:
-            reason = "budget spent"
-        elif budget.patience is not None:
-            reason = pool.study.should_stop(patience=budget.patience)
-        if reason is not None:
+            # Reached (or lowered below) the budget: trials still running would only overspend it.
+            await self._stop(pool, running, "Succeeded", "budget spent")
+            return
+        if budget.patience is not None and (reason := pool.study.should_stop(patience=budget.patience)):
             if not running:
                 pool.phase, pool.message = "Succeeded", reason
             return
@@ -295,7 +377,7 @@ class RunLoop:
         configs: list[dict[str, Any]] = []
         keys = {r.key for r in records if r.is_observation} | {pool.space.key(c) for c in pending}
         if pool.default_config is not None and pool.default_key not in keys:
-            configs.append(pool.default_config)  # measured first: the baseline of the speed-up
+            configs.append(pool.default_config)  # measured first in every round: the speed-up's baseline
         if want > len(configs):
             suggested, seconds = await asyncio.to_thread(
                 _timed, pool.study.suggest, want - len(configs), pending + configs
@@ -308,30 +390,37 @@ class RunLoop:
         if not configs and not running:
             pool.phase, pool.message = "Succeeded", "search space exhausted"
             return
-        used = [r.index for r in records] + [int(j["metadata"]["labels"][TRIAL_LABEL]) for j in running]
+        all_records = pool.records(self.store.records, all_rounds=True)
+        used = [r.index for r in all_records] + [int(j["metadata"]["labels"][TRIAL_LABEL]) for j in running]
         index = max(used, default=-1) + 1
+        pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
+        avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
         for config in configs:
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
-                index=index, config=config, config_key=pool.space.key(config),
+                index=index, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
             )
+            body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
             await asyncio.to_thread(self.kube.create_job, self.namespace, body)
             running.append(body)
             index += 1
 
-    # ------------------------------------------------------------------ status
+    # ------------------------------------------------------------------ status and publishing
 
     async def _report(self, running: dict[str, list[dict[str, Any]]]) -> bool:
         assert self.spec is not None
-        targets = [
-            target_status(
+        targets = []
+        for pool in self.pools.values():
+            status = target_status(
                 name=pool.spec.name, phase=pool.phase, budget=self.spec.budget.trials_per_target,
-                records=self._pool_records(pool), running=len(running.get(pool.spec.name, [])),
+                records=pool.records(self.store.records), running=len(running.get(pool.spec.name, [])),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
-                message=pool.message,
+                message=pool.message, tuning_round=pool.round, stale=pool.stale,
+                tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None,
             )
-            for pool in self.pools.values()
-        ]
+            if pool.round_started:
+                status = status.model_copy(update={"round_started_at": _iso(pool.round_started)})
+            targets.append(status)
         finished = all(p.done for p in self.pools.values())
         if finished:
             failed = all(p.phase == "Failed" for p in self.pools.values())
@@ -350,9 +439,14 @@ class RunLoop:
             "shards": self.store.shards,
             "records": len(self.store.records),
         }
+        extra = {
+            "space_hash": self.space_hash,
+            "last_handled_retune_at": self.retune_token,
+            "published": self.spec.publish.config_map_name if self.spec and self.spec.publish else None,
+        }
         status = run_status(
             previous=self._previous_status(), generation=self.generation, phase=phase, targets=targets,
-            results=results, reason=reason, message=message,
+            results=results, reason=reason, message=message, extra=extra,
         ).model_dump(by_alias=True, exclude_none=True, mode="json")
         metrics.observe_status(
             self.namespace, self.name, status, parallelism=self.spec.budget.parallelism if self.spec else None
@@ -362,11 +456,36 @@ class RunLoop:
         await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)
         self.last_status = status
 
+    def _entries(self) -> list[PublishedEntry]:
+        assert self.spec is not None
+        out = []
+        for pool in self.pools.values():
+            best = ranked(pool.records(self.store.records))
+            if best:
+                out.append(PublishedEntry(
+                    pool=pool.spec.name, problem_size=tuple(self.spec.kernel.problem_size), config=best[0].config,
+                    time_ms=best[0].objective, fingerprint=pool.tuned_for or NodeFingerprint(),
+                    trial=best[0].index, generation=pool.round, measured_at=best[0].recorded_at,
+                ))
+        return out
 
-def is_settled(body: Mapping[str, Any]) -> bool:
-    """A finished run whose spec has not changed since: nothing to do until it changes."""
-    status = body.get("status") or {}
-    return status.get("phase") in ("Succeeded", "Failed") and status.get("observedGeneration") == body[
-        "metadata"
-    ].get("generation")
+    async def _publish(self) -> None:
+        """Write the best configuration per pool to the named ConfigMap, only when it improves."""
+        if self.spec is None or self.spec.publish is None:
+            return
+        target = self.spec.publish
+        if self.published is None:
+            self.published = await asyncio.to_thread(self.kube.read_config_map, self.namespace, target.config_map_name)
+        data = publish_plan(self.name, self.published, self._entries(), pools=set(self.pools))
+        if data is None:
+            return
+        body = published_configmap(
+            self.name, self.namespace, None if target.retain_on_delete else self.uid, [],
+            name=target.config_map_name,
+        )
+        body["data"] = data
+        await asyncio.to_thread(self.kube.apply_config_map, self.namespace, body)
+        self.published = data
+        self.log.info("published the best configurations to ConfigMap %s", target.config_map_name)
+
 

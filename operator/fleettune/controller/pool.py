@@ -1,0 +1,148 @@
+"""One target pool's search state, and the pure decisions about it.
+
+A pool tunes in *rounds*. Round 1 starts with the run; a new round starts when the
+pool's GPU fingerprint changes (driver upgrade, with `retunePolicy: OnDriverChange`),
+when a re-tune is requested, or when the search space changes. A new round is
+warm-started from the observations of the older ones, and its Jobs are pinned to the
+driver it is tuned for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune.fingerprint import NodeFingerprint, PoolFingerprint, pool_fingerprint
+from fleettune.results import TrialRecord
+
+PRODUCT_LABELS = ("nvidia.com/gpu.product", "fleettune.dev/gpu.product")
+
+Node = tuple[Mapping[str, str], bool]  # (labels, unschedulable)
+
+
+class SpecError(ValueError):
+    """A spec the API server accepted but the operator cannot run; names the field."""
+
+
+@dataclass
+class Pool:
+    spec: TargetSpec
+    seed: int
+    phase: str = "Pending"
+    message: str = ""
+    device: str = ""
+    round: int = 1
+    round_started: float | None = None  # epoch seconds
+    tuned_for: NodeFingerprint | None = None
+    current: PoolFingerprint | None = None
+    stale: str | None = None
+    space: Any = None
+    study: Any = None
+    space_size: int | None = None
+    default_key: str | None = None
+    default_config: dict[str, Any] | None = None
+    observed: set[int] = field(default_factory=set)
+    next_check: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    def records(self, records: Iterable[TrialRecord], *, all_rounds: bool = False) -> list[TrialRecord]:
+        name = self.spec.name
+        return [r for r in records if r.target == name and (all_rounds or r.generation == self.round)]
+
+
+def space_hash(spec: TuningRunSpec) -> str:
+    """What makes results comparable: a change starts a new round on every pool."""
+    doc = {
+        "kernel": spec.kernel.dump(),
+        "parameters": [p.dump() for p in spec.parameters],
+        "constraints": list(spec.constraints),
+        "objective": spec.objective.dump(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def matching_nodes(nodes: Mapping[str, Node], target: TargetSpec) -> list[Node] | None:
+    """The target's nodes by its node selector; None when it selects by affinity only
+    (which the operator does not evaluate: the scheduler does)."""
+    if not target.node_selector:
+        return None
+    want = target.node_selector.items()
+    return [(labels, cordoned) for labels, cordoned in nodes.values() if all(labels.get(k) == v for k, v in want)]
+
+
+def current_fingerprint(nodes: list[Node] | None, target: TargetSpec) -> PoolFingerprint | None:
+    return pool_fingerprint(nodes, allow_shared=target.allow_shared_gpus) if nodes else None
+
+
+def product_of(pool: Pool, nodes: list[Node] | None) -> str | None:
+    if pool.spec.device:
+        return pool.spec.device
+    if pool.current is not None and pool.current.fingerprint.product:
+        return pool.current.fingerprint.product
+    for labels, _ in nodes or []:
+        for key in PRODUCT_LABELS:
+            if labels.get(key):
+                return labels[key]
+    return None
+
+
+def build_search(spec: TuningRunSpec, pool: Pool, product: str | None) -> None:
+    """Build the pool's search space for its device (raises SpecError naming the field)."""
+    from fleettune.space import SearchSpace, SpaceError, lookup_device
+
+    pool.device = product or "unknown"
+    device = lookup_device(product) if product else None
+    params = [p.dump() for p in spec.parameters]
+    try:
+        space = SearchSpace.from_spec(params, list(spec.constraints), device)
+        size = space.count()
+    except SpaceError as exc:
+        raise SpecError(f"spec.{exc}") from None
+    if size == 0:
+        raise SpecError(f"spec.constraints: no configuration satisfies the constraints on {pool.device}")
+    pool.default_key = pool.default_config = None
+    default = spec.kernel.default_config
+    if default is not None:
+        try:
+            row = space.to_rows([default])
+        except SpaceError as exc:
+            raise SpecError(f"spec.kernel.defaultConfig: {exc}") from None
+        if not bool(space.is_valid(row)[0]):
+            raise SpecError(f"spec.kernel.defaultConfig: violates the constraints on {pool.device}")
+        pool.default_key, pool.default_config = space.key(default), default
+    pool.space, pool.space_size = space, size
+
+
+def warm_start_prior(pool: Pool, records: Iterable[TrialRecord]) -> list[tuple[dict[str, Any], Any, float | None]]:
+    """Observations of the pool's older rounds that exist in its current space."""
+    from fleettune.space import SpaceError
+
+    prior = []
+    for rec in pool.records(records, all_rounds=True):
+        if rec.generation >= pool.round or not rec.is_observation:
+            continue
+        try:
+            row = pool.space.to_rows([rec.config])
+        except SpaceError:
+            continue  # the space changed under it
+        if bool(pool.space.is_valid(row)[0]):
+            prior.append((rec.config, rec.outcome, rec.objective))
+    return prior
+
+
+def make_study(spec: TuningRunSpec, pool: Pool, records: Iterable[TrialRecord]) -> None:
+    from fleettune.optimize import Study
+
+    prior = warm_start_prior(pool, records)
+    pool.study = Study(
+        pool.space, strategy=spec.strategy.name, seed=pool.seed + 104_729 * (pool.round - 1),
+        options=spec.strategy.options, prior=prior,
+    )
+    pool.observed = set()
