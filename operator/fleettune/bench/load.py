@@ -315,6 +315,7 @@ class Report:
     finished: bool = False
     audit: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    profile: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         def mark(ok: bool) -> str:
@@ -347,6 +348,9 @@ class Report:
             f"  audit:               {'no trial lost or duplicated' if not self.audit else 'FAILED'}",
         ]
         lines += [f"    - {p}" for p in self.audit[:20]]
+        if self.profile:
+            lines.append("  where the operator's CPU goes (py-spy, inclusive share of samples):")
+            lines += [f"    {p}" for p in self.profile]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -363,6 +367,35 @@ def _scrape_suggestion_seconds(port: int) -> float:
         return float("nan")
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                if s.name == "fleettune_suggestion_duration_seconds_sum")
+
+
+def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the operator (``pip install py-spy``); None when it is not installed."""
+    import shutil
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(out), "--format", "raw",
+                             "--rate", "20", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def summarise_profile(path: Path, top: int = 15) -> list[str]:
+    """Inclusive share of samples per function, from py-spy's collapsed stacks."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        for frame in set(stack.split(";")):
+            inclusive[frame] += n
+    if not total:
+        return []
+    return [f"{n / total:6.1%}  {frame[:110]}" for frame, n in inclusive.most_common(top)]
 
 
 def run_benchmark(args: argparse.Namespace) -> Report:
@@ -387,6 +420,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
     operator: subprocess.Popen[bytes] | None = None
     sim: FleetSimulator | None = None
     observer: Observer | None = None
+    profiler: subprocess.Popen[bytes] | None = None
     try:
         cluster.up(progress=say)
         crd = state / "crd.yaml"
@@ -417,6 +451,10 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         for doc in docs:
             custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, doc)
         say(f"{len(docs)} TuningRuns applied: {budget} trials per pool each, parallelism {parallelism}")
+        if args.profile:
+            profiler = start_profiler(operator.pid, Path(args.profile))
+            if profiler is None:
+                report.notes.append("--profile: py-spy is not installed (pip install py-spy)")
 
         largest = 0
         deadline = time.monotonic() + args.timeout
@@ -475,13 +513,22 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         if sim.errors:
             report.notes.append(f"simulator errors ({len(sim.errors)}): {sim.errors[-1]}")
         report.notes.append(f"operator log: {state / 'operator.log'}")
-        if args.profile and operator.poll() is None:
-            report.notes.append(f"py-spy profile: {args.profile}")
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)
+            try:
+                profiler.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                profiler.kill()
+            if Path(args.profile).is_file():
+                report.profile = summarise_profile(Path(args.profile))
+                report.notes.append(f"py-spy profile (collapsed stacks): {args.profile}")
         api.close()
         return report
     finally:
         if observer is not None:
             observer.stop.set()
+        if profiler is not None and profiler.poll() is None:
+            profiler.kill()
         if operator is not None and operator.poll() is None:
             os.killpg(operator.pid, signal.SIGTERM)
             try:
@@ -517,7 +564,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--state-dir", default=None, help="where the cluster lives (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     parser.add_argument("--json", default=None, help="also write the report as JSON to this file")
-    parser.add_argument("--profile", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="sample the operator with py-spy into FILE and report where its CPU goes")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     report = run_benchmark(args)
