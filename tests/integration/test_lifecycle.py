@@ -1,0 +1,172 @@
+"""Fleet lifecycle on the real control plane: driver upgrades, re-tunes, publishing, live edits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from operator_support import (
+    OperatorProcess,
+    apply,
+    example,
+    get_run,
+    install_crd,
+    stored_records,
+    wait_for,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.integration
+
+DRIVER = "nvidia.com/cuda.driver-version.full"
+NEW_DRIVER = "560.35.03"
+
+
+@pytest.fixture(scope="module")
+def crd(cluster):
+    install_crd(cluster)
+
+
+@pytest.fixture
+def operator(cluster, crd, namespace, tmp_path):
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def a100_nodes(cluster):
+    """The A100 pool's nodes and their driver label, restored after the test."""
+    out = cluster.kubectl("get", "nodes", "-l", "fleettune.dev/pool=a100", "-o", "json")
+    nodes = {n["metadata"]["name"]: n["metadata"]["labels"][DRIVER] for n in json.loads(out.stdout)["items"]}
+    yield nodes
+    for name, driver in nodes.items():
+        cluster.kubectl("label", "node", name, f"{DRIVER}={driver}", "--overwrite")
+
+
+def _upgrade(cluster, nodes, driver=NEW_DRIVER):
+    for name in nodes:
+        cluster.kubectl("label", "node", name, f"{DRIVER}={driver}", "--overwrite")
+
+
+def _a100_only(name, policy, budget=5, **spec):
+    doc = example(name, trialsPerTarget=budget, parallelism=2)
+    doc["spec"]["targets"] = [t for t in doc["spec"]["targets"] if t["name"] == "a100"]
+    doc["spec"]["retunePolicy"] = policy
+    doc["spec"].update(spec)
+    return doc
+
+
+def _target(run):
+    return run["status"]["targets"][0]
+
+
+def _condition(run, kind):
+    return next(c for c in run["status"]["conditions"] if c["type"] == kind)
+
+
+def _published(cluster, namespace, name):
+    out = cluster.kubectl("get", "configmap", "-n", namespace, name, "-o", "json")
+    return json.loads(out.stdout)["data"]
+
+
+def test_driver_upgrade_retunes_warm_and_publishes_the_new_best(cluster, namespace, simulator, operator, a100_nodes):
+    doc = _a100_only("upgrade", "OnDriverChange", publish={"configMapName": "conv-tuned"})
+    assert apply(cluster, namespace, doc).returncode == 0
+    run = wait_phase(cluster, namespace, "upgrade", 180, operator)
+    old_driver = next(iter(a100_nodes.values()))
+    assert _target(run)["round"] == 1 and _target(run)["tunedFor"]["driverVersion"] == old_driver
+    data = _published(cluster, namespace, "conv-tuned")
+    assert old_driver in data["a100.4096x4096.fingerprint"]
+    assert float(data["a100.4096x4096.time_ms"]) == pytest.approx(_target(run)["best"]["objectiveMs"], rel=1e-4)
+    assert int(data["a100.4096x4096.block_size_x"]) == _target(run)["best"]["config"]["block_size_x"]
+
+    _upgrade(cluster, a100_nodes)
+    run = wait_for(
+        lambda: (r := get_run(cluster, namespace, "upgrade")) and _target(r)["round"] == 2
+        and r["status"]["phase"] == "Succeeded" and r,
+        240, "the second round on the new driver",
+    )
+    target = _target(run)
+    assert target["tunedFor"]["driverVersion"] == NEW_DRIVER
+    assert target["completed"] == 5 and "stale" not in target
+    assert _condition(run, "Stale")["status"] == "False"
+    records = stored_records(cluster, namespace, "upgrade")
+    rounds = {g: [r for r in records if r.generation == g] for g in (1, 2)}
+    assert len(rounds[1]) == 5 and len(rounds[2]) == 5, "the old round's results are kept"
+    assert all(r.fingerprint.driver_version == NEW_DRIVER for r in rounds[2] if r.fingerprint)
+    assert all(r.fingerprint.driver_version == old_driver for r in rounds[1] if r.fingerprint)
+    assert "round 2: GPU fingerprint changed" in operator.logs()
+    data = wait_for(
+        lambda: NEW_DRIVER in (d := _published(cluster, namespace, "conv-tuned"))["a100.4096x4096.fingerprint"] and d,
+        30, "the new best to be published",
+    )
+    assert json.loads(data["tuned.json"])
+
+
+def test_manual_policy_only_marks_the_pool_stale_until_a_retune_is_requested(
+    cluster, namespace, simulator, operator, a100_nodes
+):
+    assert apply(cluster, namespace, _a100_only("manual", "Manual", budget=4)).returncode == 0
+    wait_phase(cluster, namespace, "manual", 180, operator)
+    _upgrade(cluster, a100_nodes, "561.1.1")
+    run = wait_for(
+        lambda: (r := get_run(cluster, namespace, "manual")) and _condition(r, "Stale")["status"] == "True" and r,
+        60, "the Stale condition",
+    )
+    stale = _condition(run, "Stale")["message"]
+    assert "a100" in stale and "561.1.1" in stale and "→" in stale
+    assert _target(run)["round"] == 1 and run["status"]["phase"] == "Succeeded"
+    assert len(stored_records(cluster, namespace, "manual")) == 4, "Manual must not run anything by itself"
+
+    cluster.kubectl("annotate", "-n", namespace, "tuningrun", "manual",
+                    "fleettune.dev/retune-requested-at=2026-11-21T20:00:00Z")
+    run = wait_for(
+        lambda: (r := get_run(cluster, namespace, "manual")) and _target(r)["round"] == 2
+        and r["status"]["phase"] == "Succeeded" and r,
+        180, "the requested round",
+    )
+    assert run["status"]["lastHandledRetuneAt"] == "2026-11-21T20:00:00Z"
+    assert _condition(run, "Stale")["status"] == "False"
+    assert _target(run)["tunedFor"]["driverVersion"] == "561.1.1"
+    assert len(stored_records(cluster, namespace, "manual")) == 8
+
+
+def test_live_edits_and_reapplying_the_same_manifest(cluster, namespace, simulator, operator):
+    doc = _a100_only("edits", "Manual", budget=4)
+    assert apply(cluster, namespace, doc, "--server-side").returncode == 0
+    run = wait_phase(cluster, namespace, "edits", 180, operator)
+    generation, status = run["metadata"]["generation"], run["status"]
+
+    # Server-side apply of the unchanged manifest (what Argo CD and Flux do) changes nothing.
+    assert apply(cluster, namespace, doc, "--server-side").returncode == 0
+    again = get_run(cluster, namespace, "edits")
+    assert again["metadata"]["generation"] == generation
+    assert again["status"]["trials"] == status["trials"] and len(stored_records(cluster, namespace, "edits")) == 4
+
+    # A larger budget re-opens the finished pool; a lower parallelism deletes nothing.
+    doc["spec"]["budget"].update(trialsPerTarget=7, parallelism=1)
+    assert apply(cluster, namespace, doc, "--server-side").returncode == 0
+    run = wait_for(
+        lambda: (r := get_run(cluster, namespace, "edits"))["status"].get("observedGeneration") == generation + 1
+        and r["status"]["phase"] == "Succeeded" and _target(r)["completed"] == 7 and r,
+        180, "the extra trials",
+    )
+    assert _target(run)["round"] == 1
+
+    # A new search space starts a new round; the old results stay addressable.
+    for p in doc["spec"]["parameters"]:
+        if p["name"] == "block_size_x":
+            p["values"] = [16, 32, 64, 128]
+    assert apply(cluster, namespace, doc, "--server-side").returncode == 0
+    run = wait_for(
+        lambda: (r := get_run(cluster, namespace, "edits")) and _target(r)["round"] == 2
+        and r["status"]["phase"] == "Succeeded" and r,
+        180, "the round on the new space",
+    )
+    records = stored_records(cluster, namespace, "edits")
+    assert len([r for r in records if r.generation == 1]) == 7
+    assert len([r for r in records if r.generation == 2]) == 7
+    assert all(r.config["block_size_x"] in (16, 32, 64, 128) for r in records if r.generation == 2)
+    assert run["status"]["spaceHash"] != status["spaceHash"]
