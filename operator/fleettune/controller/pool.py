@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,12 +95,46 @@ def product_of(pool: Pool, nodes: list[Node] | None) -> str | None:
     return None
 
 
-def build_search(spec: TuningRunSpec, pool: Pool, product: str | None) -> None:
-    """Build the pool's search space for its device (raises SpecError naming the field)."""
+def check_options(spec: TuningRunSpec) -> None:
+    """Strategy options against the strategy's own defaults: known keys, same types, sane values."""
+    from fleettune.optimize import STRATEGIES
+
+    name = spec.strategy.name
+    defaults = getattr(sys.modules[STRATEGIES[name].__module__], "DEFAULTS", {})
+    for key, value in (spec.strategy.options or {}).items():
+        where = f"spec.strategy.options.{key}"
+        if key not in defaults:
+            known = ", ".join(sorted(defaults)) or "none"
+            raise SpecError(f"{where}: not an option of strategy {name!r} (options: {known})")
+        default = defaults[key]
+        if isinstance(default, str):
+            ok, want = isinstance(value, str) and bool(value), "a non-empty string"
+        elif isinstance(default, int) and not isinstance(default, bool):
+            ok, want = isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1"
+        else:  # floats, and options whose default is "automatic" (None)
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+            want = "a positive number"
+        if not ok:
+            raise SpecError(f"{where}: expected {want}, got {value!r}")
+
+
+def build_search(spec: TuningRunSpec, pool: Pool, product: str | None, where: str) -> None:
+    """Build the pool's search space for its device (raises SpecError naming the field).
+
+    `where` is the target's path (spec.targets[i]) for errors about its device."""
     from fleettune.space import SearchSpace, SpaceError, lookup_device
 
     pool.device = product or "unknown"
-    device = lookup_device(product) if product else None
+    device = None
+    if product:
+        try:
+            device = lookup_device(product)
+        except SpaceError as exc:
+            if pool.spec.device:
+                raise SpecError(f"{where}.device: {exc.message}") from None
+            # A GPU the catalog does not know: tune without device limits (constraints
+            # that use device.* then fail naming themselves).
+            device = None
     params = [p.dump() for p in spec.parameters]
     try:
         space = SearchSpace.from_spec(params, list(spec.constraints), device)

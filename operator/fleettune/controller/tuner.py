@@ -27,6 +27,7 @@ from fleettune.controller.pool import (
     Pool,
     SpecError,
     build_search,
+    check_options,
     current_fingerprint,
     make_study,
     matching_nodes,
@@ -266,6 +267,9 @@ class RunLoop:
                     self.spec_error = str(exc)
                     await self._write_status("Failed", [], "InvalidSpec", str(exc))
                     return True
+                except Exception as exc:  # never retry a broken pool forever: fail it, say why
+                    self.log.exception("%s: cannot build its search", pool.spec.name)
+                    pool.phase, pool.message = "Failed", f"cannot build the search space: {exc}"[:500]
 
         jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
         running = await self._collect(jobs)
@@ -280,7 +284,9 @@ class RunLoop:
     def _setup_pool(self, pool: Pool) -> None:
         """Search space for the pool's device and a Study warm-started from older rounds (worker thread)."""
         assert self.spec is not None
-        build_search(self.spec, pool, product_of(pool, matching_nodes(self.nodes, pool.spec)))
+        check_options(self.spec)
+        where = f"spec.targets[{[t.name for t in self.spec.targets].index(pool.spec.name)}]"
+        build_search(self.spec, pool, product_of(pool, matching_nodes(self.nodes, pool.spec)), where)
         make_study(self.spec, pool, self.store.records)
         if pool.round_started is None:
             pool.round_started = time.time()
@@ -379,9 +385,14 @@ class RunLoop:
         if pool.default_config is not None and pool.default_key not in keys:
             configs.append(pool.default_config)  # measured first in every round: the speed-up's baseline
         if want > len(configs):
-            suggested, seconds = await asyncio.to_thread(
-                _timed, pool.study.suggest, want - len(configs), pending + configs
-            )
+            try:
+                suggested, seconds = await asyncio.to_thread(
+                    _timed, pool.study.suggest, want - len(configs), pending + configs
+                )
+            except Exception as exc:  # a strategy that cannot suggest would fail the same way forever
+                self.log.exception("%s: the strategy failed", pool.spec.name)
+                await self._stop(pool, running, "Failed", f"spec.strategy: the strategy failed: {exc}"[:500])
+                return
             configs += suggested
             metrics.suggestion_latency(self.namespace, self.name, pool.spec.name, seconds)
             fit_s = getattr(pool.study, "last_fit_s", None)

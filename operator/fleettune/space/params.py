@@ -253,7 +253,11 @@ def _range_values(spec: Any, ptype: str, where: str) -> list[Any]:
         raise SpaceError(f"{where}.step", f"the step must be a positive {want}, got {step!r}")
     if lo > hi:
         raise SpaceError(where, f"min ({lo}) is greater than max ({hi})")
-    count = math.floor((hi - lo) / step + 1e-9) + 1
+    span = (hi - lo) / step
+    if not math.isfinite(lo) or not math.isfinite(hi) or not math.isfinite(span):
+        raise SpaceError(where, f"the range [{lo}, {hi}] with step {step} is not finite; use finite bounds "
+                                "and a larger step")
+    count = math.floor(span + 1e-9) + 1
     if count > MAX_VALUES:
         raise SpaceError(where, f"the range has {count} values, more than the supported {MAX_VALUES}; "
                                 "use a larger step")
