@@ -16,8 +16,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("fleettune.sim.cli", "answer trial Pods on fake GPU nodes from recorded measurements"),
     "demo": ("fleettune.demo", "local control plane + fleet + operator + examples/convolution-fleet.yaml"),
     "report": ("fleettune.report", "per-pool table and an HTML/PNG report of a run"),
+    "predict": ("fleettune.predict", "recommend a configuration for a problem size that was never tuned"),
     "crd": ("fleettune.crd", "print the TuningRun CustomResourceDefinition generated from the models"),
-    "bench": ("fleettune.bench", "benchmarks: `bench space`, `bench strategy`"),
+    "bench": ("fleettune.bench", "benchmarks: `bench space|strategy|warmstart|load`"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Benchmark commands: `fleettune bench space ...`, `fleettune bench strategy ...`."""
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load ...` (they print tables)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 SUBCOMMANDS = {
     "space": "fleettune.bench.space",
     "strategy": "fleettune.bench.strategy",
+    "warmstart": "fleettune.bench.warmstart",
+    "load": "fleettune.bench.load",
 }
 
 
