@@ -7,6 +7,8 @@
 * ``namespace`` (function): a fresh namespace, deleted after the test.
 * ``simulator`` (function): a running :class:`FleetSimulator` answering trial Pods.
 * ``api_client`` (session): a kubernetes ``ApiClient`` for the cluster.
+* ``crd`` (module): the TuningRun CRD installed; ``operator`` (function): the real
+  operator in a subprocess watching the test's namespace (tests may SIGKILL and restart it).
 """
 
 from __future__ import annotations
@@ -90,6 +92,25 @@ def namespace(cluster: LocalCluster, api_client: Any, request: pytest.FixtureReq
     except client.ApiException as exc:
         if exc.status != 404:
             raise
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: LocalCluster) -> None:
+    """The TuningRun CRD, generated from the models, installed for real."""
+    from operator_support import install_crd
+
+    install_crd(cluster)
+
+
+@pytest.fixture
+def operator(cluster: LocalCluster, crd: None, namespace: str, tmp_path: Any) -> Iterator[Any]:
+    """The real operator in a subprocess, watching the test's namespace."""
+    from operator_support import OperatorProcess
+
+    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    proc.start()
+    yield proc
+    proc.stop()
 
 
 @pytest.fixture

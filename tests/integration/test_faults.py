@@ -33,7 +33,6 @@ from operator_support import (
     apply,
     example,
     get_run,
-    install_crd,
     jobs,
     stored_records,
     wait_for,
@@ -48,17 +47,6 @@ pytestmark = pytest.mark.integration
 ALL_POOLS = ["a100", "rtx-a4000", "jetson-orin"]
 
 
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster)
-
-
-@pytest.fixture
-def operator(cluster, crd, namespace, tmp_path):
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def _one_pool(name: str, target: str = "a100", **budget: int) -> dict[str, Any]:

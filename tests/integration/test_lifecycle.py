@@ -6,11 +6,9 @@ import json
 
 import pytest
 from operator_support import (
-    OperatorProcess,
     apply,
     example,
     get_run,
-    install_crd,
     stored_records,
     wait_for,
     wait_phase,
@@ -22,17 +20,6 @@ DRIVER = "nvidia.com/cuda.driver-version.full"
 NEW_DRIVER = "560.35.03"
 
 
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster)
-
-
-@pytest.fixture
-def operator(cluster, crd, namespace, tmp_path):
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 @pytest.fixture

@@ -10,11 +10,9 @@ from collections import Counter
 import pytest
 from operator_support import (
     EXAMPLE,
-    OperatorProcess,
     apply,
     example,
     get_run,
-    install_crd,
     jobs,
     stored_records,
     wait_for,
@@ -28,17 +26,6 @@ pytestmark = pytest.mark.integration
 POOL_LABEL = "fleettune.dev/pool"
 
 
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster)
-
-
-@pytest.fixture
-def operator(cluster, crd, namespace, tmp_path):
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
-    proc.start()
-    yield proc
-    proc.stop()
 
 
 def _node_pools(cluster) -> dict[str, str]:
