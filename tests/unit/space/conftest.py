@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-DATA = Path("/work/shared/data")
+# The recorded spaces live in the project's shared/ folder, beside the repository.
+DATA = Path(os.environ.get("FLEETTUNE_SHARED_DATA") or Path(__file__).resolve().parents[4] / "shared" / "data")
 
 GEMM_TUNE_PARAMS = {
     "MWG": [16, 32, 64, 128], "NWG": [16, 32, 64, 128], "KWG": [32], "MDIMC": [8, 16, 32], "NDIMC": [8, 16, 32],
