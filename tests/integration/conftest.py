@@ -8,7 +8,8 @@
 * ``simulator`` (function): a running :class:`FleetSimulator` answering trial Pods.
 * ``api_client`` (session): a kubernetes ``ApiClient`` for the cluster.
 * ``crd`` (module): the TuningRun CRD installed; ``operator`` (function): the real
-  operator in a subprocess watching the test's namespace (tests may SIGKILL and restart it).
+  operator in a subprocess watching the test's namespace, authenticated as the Helm
+  chart's ServiceAccount with the chart's RBAC (tests may SIGKILL and restart it).
 """
 
 from __future__ import annotations
@@ -104,13 +105,16 @@ def crd(cluster: LocalCluster) -> None:
 
 @pytest.fixture
 def operator(cluster: LocalCluster, crd: None, namespace: str, tmp_path: Any) -> Iterator[Any]:
-    """The real operator in a subprocess, watching the test's namespace."""
-    from operator_support import OperatorProcess
+    """The real operator in a subprocess, watching the test's namespace, with only the
+    chart's ServiceAccount and RBAC (no admin credential)."""
+    from operator_support import ChartIdentity, OperatorProcess
 
-    proc = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    identity = ChartIdentity(cluster, namespace, tmp_path)
+    proc = OperatorProcess(identity.kubeconfig, namespace, tmp_path)
     proc.start()
     yield proc
     proc.stop()
+    identity.remove()
 
 
 @pytest.fixture

@@ -23,6 +23,41 @@ from fleettune.store import DATA_KEY, RESULTS_OF, decode_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "convolution-fleet.yaml"
+CHART = ROOT / "charts" / "fleettune"
+
+
+class ChartIdentity:
+    """The chart's ServiceAccount and least-privilege RBAC for one watched namespace, and a
+    kubeconfig that authenticates as that ServiceAccount: the operator under test gets
+    exactly what a Helm install would give it, never the admin credential."""
+
+    def __init__(self, cluster: Any, namespace: str, workdir: Path) -> None:
+        from fleettune.cluster.binaries import ensure_helm
+
+        self.cluster = cluster
+        rendered = subprocess.run(
+            [str(ensure_helm()), "template", "ft", str(CHART), "-n", namespace,
+             "--set", f"watchNamespaces={{{namespace}}}",
+             "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        self.manifests = workdir / f"rbac-{namespace}.yaml"
+        self.manifests.write_text(rendered)
+        cluster.kubectl("apply", "-f", str(self.manifests))
+        account = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ServiceAccount")
+        token = cluster.kubectl(
+            "create", "token", account["metadata"]["name"], "-n", namespace, "--duration=4h"
+        ).stdout.strip()
+        config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+        for user in config["users"]:
+            user["user"] = {"token": token}
+        self.kubeconfig = workdir / f"kubeconfig-{namespace}-operator"
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+
+    def remove(self) -> None:
+        # The ClusterRole and its binding outlive the namespace: delete them explicitly.
+        self.cluster.kubectl("delete", "-f", str(self.manifests), "--ignore-not-found", "--wait=false", check=False)
 
 
 def install_crd(cluster: Any) -> None:

@@ -30,7 +30,7 @@ import pytest
 from fault_support import tracebacks
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from operator_support import OperatorProcess, example, install_crd
+from operator_support import ChartIdentity, OperatorProcess, example, install_crd
 
 from fleettune import GROUP, PLURAL, VERSION
 
@@ -89,11 +89,14 @@ def inproc_ns(cluster, api_client) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def hostile_operator(cluster, hostile_ns, tmp_path_factory) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(cluster.kubeconfig, hostile_ns, tmp_path_factory.mktemp("hostile-operator"))
+    workdir = tmp_path_factory.mktemp("hostile-operator")
+    identity = ChartIdentity(cluster, hostile_ns, workdir)
+    proc = OperatorProcess(identity.kubeconfig, hostile_ns, workdir)
     proc.start()
     yield proc
     alive = proc.proc is not None and proc.proc.poll() is None
     proc.stop()
+    identity.remove()
     assert alive, "the operator died during the hostile-input tests:\n" + proc.logs()[-4000:]
 
 

@@ -126,7 +126,9 @@ def test_namespaced_rbac(chart: Helm) -> None:
     assert _grants(role_rules, "pods") == {"get", "list"}
     # Cluster-wide, only reads of cluster-scoped objects: no write anywhere else.
     cluster_rules = _rules(docs, "ClusterRole")
-    assert {res for _, r in cluster_rules for res in r["resources"]} == {"nodes", "customresourcedefinitions"}
+    assert {res for _, r in cluster_rules for res in r["resources"]} == {
+        "nodes", "customresourcedefinitions", "namespaces"
+    }
     assert not {v for _, r in cluster_rules for v in r["verbs"]} & OPERATOR_WRITES
     args = container(docs)["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
