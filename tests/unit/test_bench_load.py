@@ -79,3 +79,9 @@ def test_audit_finds_losses_duplicates_and_budget_misses():
     assert "answered twice" in text and "recorded twice" in text and "no record" in text
     assert audit({"r": [_rec("a", 0), _rec("a", 1, Outcome.INFRA_ERROR)]}, answered, 2, ["a"]) == [
         "r/a: 1 observations, budget 2"]
+
+
+def test_audit_of_a_run_cut_short_ignores_trials_still_in_flight():
+    answered = [(NAMESPACE, "r", "a", 0), (NAMESPACE, "r", "a", 1)]
+    assert audit({"r": [_rec("a", 0)]}, answered, 5, ["a"], in_flight={("r", "a", 1)}) == []
+    assert "no record" in audit({"r": [_rec("a", 0)]}, answered, 5, ["a"], in_flight={("r", "a", 7)})[0]
