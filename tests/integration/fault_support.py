@@ -268,9 +268,10 @@ def credential_fragments(kubeconfig: Path) -> list[str]:
     return [s[i: i + 32] for s in secrets for i in range(0, max(1, len(s) - 32), 32) if len(s[i: i + 32]) == 32]
 
 
-def assert_no_secrets(texts: dict[str, str], kubeconfig: Path) -> None:
-    fragments = credential_fragments(kubeconfig)
-    assert fragments, "the kubeconfig has credentials to look for"
+def assert_no_secrets(texts: dict[str, str], *kubeconfigs: Path) -> None:
+    """No piece of any of these kubeconfigs' credentials, and nothing token-like, in any text."""
+    fragments = [f for kc in dict.fromkeys(kubeconfigs) for f in credential_fragments(kc)]
+    assert fragments, "the kubeconfigs have credentials to look for"
     for where, text in texts.items():
         leaked = [f for f in fragments if f in text]
         assert not leaked, f"credential material from the kubeconfig appears in {where}"

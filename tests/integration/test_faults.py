@@ -126,7 +126,7 @@ def test_operator_killed_three_times_including_during_a_job_burst(cluster, names
     assert not jobs(cluster, namespace, "kills")
 
     assert_no_secrets({"operator log": operator.logs(), "events": _events(cluster, namespace),
-                       "status": json.dumps(run["status"])}, cluster.kubeconfig)
+                       "status": json.dumps(run["status"])}, cluster.kubeconfig, operator.kubeconfig)
 
 
 def test_apiserver_and_etcd_crash_mid_run_and_the_run_finishes(cluster, namespace, simulator, operator):
@@ -273,7 +273,7 @@ def test_garbled_termination_messages_are_infra_failures_with_their_text(cluster
         assert_restricted(seen)
     _assert_clean_log(operator)
     assert_no_secrets({"operator log": operator.logs(), "events": _events(cluster, namespace),
-                       "status": json.dumps(run["status"])}, cluster.kubeconfig)
+                       "status": json.dumps(run["status"])}, cluster.kubeconfig, operator.kubeconfig)
 
 
 # ---------------------------------------------------------------------------- pools
