@@ -33,7 +33,7 @@ from fleettune.cluster.fleet import (
     packaged_data_dir,
     parse_fleet,
 )
-from fleettune.cluster.network import advertise_address, free_port, port_is_free
+from fleettune.cluster.network import advertise_address, free_port, wait_port_free
 from fleettune.cluster.pki import SERVICE_CIDR, Pki, ensure_pki
 
 Progress = Callable[[str], None]
@@ -360,7 +360,7 @@ class LocalCluster:
     def _start(self, name: str, say: Progress) -> None:
         ports = self.ports
         for key in _PORTS[name]:
-            if not port_is_free(ports[key]):
+            if not wait_port_free(ports[key]):
                 raise ClusterError(f"cannot start {name}: port {ports[key]} ({key}) is taken by another process")
         t0 = time.monotonic()
         say(f"starting {name}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import time
 from pathlib import Path
 
 # TEST-NET-1 (RFC 5737): never routed, so using it can reach nothing by accident.
@@ -26,6 +27,21 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def wait_port_free(port: int, timeout: float = 15.0) -> bool:
+    """Whether ``port`` can be bound within ``timeout``.
+
+    After a crash the dead component's accepted connections linger on its port in
+    FIN-WAIT for a moment (their peers died with it); they block the bind but clear
+    by themselves, unlike a process that really listens there.
+    """
+    deadline = time.monotonic() + timeout
+    while not port_is_free(port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _local_ipv4_addresses() -> list[str]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from fleettune.cluster import processes
-from fleettune.cluster.network import advertise_address, free_port, port_is_free
+from fleettune.cluster.network import advertise_address, free_port, port_is_free, wait_port_free
 from fleettune.cluster.pki import ensure_pki
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")
@@ -68,3 +70,13 @@ def test_ports_and_advertise_address():
     addr = advertise_address()
     assert not addr.startswith("127.")
     assert addr.count(".") == 3
+
+
+def test_wait_port_free_waits_for_a_port_to_clear_but_not_for_a_listener():
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    t0 = time.monotonic()
+    assert not wait_port_free(port, timeout=0.5)
+    assert time.monotonic() - t0 >= 0.5
+    threading.Timer(0.3, listener.close).start()
+    assert wait_port_free(port, timeout=5)
