@@ -25,6 +25,10 @@ StrategyName = Literal["bayes", "random", "genetic"]
 RetunePolicy = Literal["Manual", "OnDriverChange"]
 Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
 TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unschedulable"]
+Dimension = Annotated[int, Field(ge=1, le=2**31 - 1)]
+ProblemSize = Annotated[list[Dimension], Field(min_length=1, max_length=3)]
+MAX_PROBLEM_SIZES = 8
+MAX_TUNED_TARGETS = 48  # targets × problem sizes: each is one entry of status.targets
 
 
 class _Model(BaseModel):
@@ -47,17 +51,26 @@ class SourceRef(_Model):
 
 
 class KernelSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={CEL: [{
-        "rule": "has(self.builtin) != has(self.source)",
-        "message": "set exactly one of kernel.builtin or kernel.source",
-    }]})
+    model_config = ConfigDict(json_schema_extra={CEL: [
+        {"rule": "has(self.builtin) != has(self.source)",
+         "message": "set exactly one of kernel.builtin or kernel.source"},
+        {"rule": "has(self.problemSize) != has(self.problemSizes)",
+         "message": "set exactly one of kernel.problemSize or kernel.problemSizes", "fieldPath": ".problemSize"},
+        {"rule": "!has(self.problemSizes) || self.problemSizes.all(s, self.problemSizes.exists_one(t, t == s))",
+         "message": "problem sizes must be unique", "fieldPath": ".problemSizes"},
+    ]})
 
     builtin: str | None = Field(
         default=None, pattern=IDENTIFIER, max_length=63,
         description="A kernel shipped in the job image: convolution, gemm or scan.",
     )
     source: SourceRef | None = None
-    problem_size: list[int] = Field(min_length=1, max_length=3, description="Problem size, e.g. [4096, 4096].")
+    problem_size: ProblemSize | None = Field(default=None, description="Problem size, e.g. [4096, 4096].")
+    problem_sizes: list[ProblemSize] | None = Field(
+        default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
+        description="Several problem sizes, each tuned on every target (one after another, each warm-started "
+        "from the sizes before it); budget.trialsPerTarget applies per size.",
+    )
     default_config: dict[str, Any] | None = Field(
         default=None,
         description="The kernel's untuned configuration. It is measured first on every target and "
@@ -65,6 +78,11 @@ class KernelSpec(_Model):
     )
     warmups: int = Field(default=3, ge=0, le=1000)
     repeats: int = Field(default=7, ge=1, le=1000)
+
+    def sizes(self) -> list[tuple[int, ...]]:
+        """The problem sizes to tune, in the order given (duplicates dropped)."""
+        given = self.problem_sizes if self.problem_sizes is not None else [self.problem_size or []]
+        return list(dict.fromkeys(tuple(s) for s in given if s))
 
 
 class RangeSpec(_Model):
@@ -104,7 +122,9 @@ class StrategySpec(_Model):
 
 
 class BudgetSpec(_Model):
-    trials_per_target: int = Field(default=60, ge=1, le=100_000, description="Trials per target pool.")
+    trials_per_target: int = Field(
+        default=60, ge=1, le=100_000, description="Trials per target pool (and problem size)."
+    )
     parallelism: int = Field(default=2, ge=1, le=256, description="Trials running at once per target pool.")
     max_infra_failures: int = Field(
         default=10, ge=0, le=100_000,
@@ -165,6 +185,10 @@ class TuningRunSpec(_Model):
          "message": "parameter names must be unique", "fieldPath": ".parameters"},
         {"rule": "self.targets.all(t, self.targets.exists_one(u, u.name == t.name))",
          "message": "target names must be unique", "fieldPath": ".targets"},
+        {"rule": "!has(self.kernel.problemSizes) || size(self.targets) * size(self.kernel.problemSizes) <= "
+                 f"{MAX_TUNED_TARGETS}",
+         "message": f"size(targets) * size(kernel.problemSizes) must be at most {MAX_TUNED_TARGETS}",
+         "fieldPath": ".targets"},
     ]})
 
     kernel: KernelSpec
@@ -185,6 +209,11 @@ class TuningRunSpec(_Model):
         "it Stale; re-tune when the annotation fleettune.dev/retune-requested-at changes.",
     )
     publish: PublishSpec | None = None
+    predict_for: list[ProblemSize] | None = Field(
+        default=None, max_length=MAX_PROBLEM_SIZES,
+        description="Problem sizes never tuned: status.predictions recommends a configuration per target for each, "
+        "from the tuned sizes' results.",
+    )
 
 
 # ---------------------------------------------------------------- status
@@ -240,7 +269,9 @@ class TrialCounts(_Model):
 
 
 class TargetStatus(TrialCounts):
-    name: str
+    name: str = Field(description="The target, or target.size when the run tunes several problem sizes.")
+    target: str | None = Field(default=None, description="The target's name, when `name` is one size of it.")
+    problem_size: list[int] | None = None
     phase: TargetPhase = "Pending"
     budget: int = 0
     space_size: int | None = None
@@ -257,6 +288,16 @@ class TargetStatus(TrialCounts):
     message: str = ""
 
 
+class Prediction(_Model):
+    """A recommended configuration for a problem size that was never tuned."""
+
+    target: str
+    problem_size: list[int]
+    config: dict[str, Any] | None = None
+    predicted_ms: float | None = None
+    basis: str = ""
+
+
 class ResultsRef(_Model):
     config_map_prefix: str
     shards: int = 0
@@ -269,7 +310,8 @@ class TuningRunStatus(_Model):
     progress: str = Field(default="", description="Trials recorded / budget, for `kubectl get`.")
     best_summary: str = Field(default="", description="Best time per pool in short form, for `kubectl get`.")
     trials: TrialCounts = Field(default_factory=TrialCounts)
-    targets: list[TargetStatus] = Field(default_factory=list, max_length=16)
+    targets: list[TargetStatus] = Field(default_factory=list, max_length=MAX_TUNED_TARGETS)
+    predictions: list[Prediction] = Field(default_factory=list, max_length=16 * MAX_PROBLEM_SIZES)
     results: ResultsRef | None = None
     space_hash: str | None = Field(default=None, description="Hash of kernel, parameters, constraints, objective.")
     last_handled_retune_at: str | None = Field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
@@ -47,13 +48,24 @@ def run_selector(run: str) -> str:
     return f"{MANAGED_BY}=fleettune,{RUN_LABEL}={run}"
 
 
-def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any]) -> Trial:
+def target_key(target: str, size: Sequence[int], several: bool) -> str:
+    """What a run's trials of one target and problem size are labelled with: the target's
+    name, or ``name.4096x4096`` when the run tunes several sizes (target names have no dots)."""
+    return f"{target}.{'x'.join(str(int(d)) for d in size)}" if several else target
+
+
+def target_of_key(key: str) -> str:
+    return key.split(".", 1)[0]
+
+
+def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any],
+               key: str | None = None, problem_size: Sequence[int] | None = None) -> Trial:
     kernel = spec.kernel
     source = kernel.source
     return Trial.model_validate(
         {
             "run": run,
-            "target": target.name,
+            "target": key or target.name,
             "index": index,
             "kernel": {
                 "builtin": kernel.builtin,
@@ -63,7 +75,7 @@ def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
                 "block": source.block if source else None,
             },
             "config": config,
-            "problem_size": kernel.problem_size,
+            "problem_size": list(problem_size or kernel.sizes()[0]),
             "warmups": kernel.warmups,
             "repeats": kernel.repeats,
             "timeout_s": float(spec.budget.trial_timeout_seconds),
@@ -117,12 +129,16 @@ def render_job(
     config_key: str,
     pin: dict[str, str] | None = None,
     node_expressions: list[dict[str, Any]] | None = None,
+    key: str | None = None,
+    problem_size: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
     tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
-    shared GPUs)."""
-    trial = make_trial(run, spec, target, index, config)
-    labels = {MANAGED_BY: "fleettune", RUN_LABEL: run, TARGET_LABEL: target.name, TRIAL_LABEL: str(index)}
+    shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
+    (see `target_key`)."""
+    key = key or target.name
+    trial = make_trial(run, spec, target, index, config, key, problem_size)
+    labels = {MANAGED_BY: "fleettune", RUN_LABEL: run, TARGET_LABEL: key, TRIAL_LABEL: str(index)}
     pod_security, container_security = _security(target)
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
@@ -172,7 +188,7 @@ def render_job(
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(run, target.name, index),
+            "name": job_name(run, key, index),
             "namespace": namespace,
             "labels": labels,
             "annotations": {CONFIG_ANNOTATION: config_key},

@@ -268,6 +268,7 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
     from kubernetes import client, config
 
     from fleettune import GROUP, VERSION
+    from fleettune.jobs import target_of_key
     from fleettune.space import SearchSpace, lookup_device
     from fleettune.space.errors import SpaceError
     from fleettune.store import ResultsStore
@@ -282,7 +283,8 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
     pool = target or pools[0]
     if pool not in pools:
         raise ValueError(f"run {run} has no target {pool!r} (targets: {', '.join(pools)})")
-    device_name = next((t.get("device") for t in status.get("targets", []) if t.get("name") == pool), None)
+    device_name = next((t.get("device") for t in status.get("targets", [])
+                        if (t.get("target") or t.get("name")) == pool and t.get("device")), None)
     try:
         device = lookup_device(device_name) if device_name else None
     except SpaceError:
@@ -292,10 +294,10 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
     default_size = tuple(spec["kernel"].get("problemSize") or ())
     by_size: dict[Size, list[tuple[dict[str, Any], float | None]]] = {}
     for r in records:
-        if r.target != pool or not r.is_observation:
+        if target_of_key(r.target) != pool or not r.is_observation:
             continue
-        # Records of runs that tune several sizes carry theirs; older ones the kernel's.
-        size = tuple(getattr(r, "problem_size", None) or default_size)
+        # Records of runs that tune several sizes carry theirs; the others the kernel's.
+        size = tuple(r.problem_size or default_size)
         by_size.setdefault(size, []).append((r.config, r.objective if r.outcome.value == "ok" else None))
     return space, by_size, pool
 

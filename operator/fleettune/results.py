@@ -46,6 +46,7 @@ class TrialRecord(BaseModel):
     job: str = ""
     generation: int = 1
     recorded_at: str = ""
+    problem_size: list[int] | None = None  # set when the run tunes several sizes
 
     @property
     def is_observation(self) -> bool:
@@ -121,7 +122,8 @@ def result_of_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> TrialResul
 
 
 def record_from_job(
-    job: dict[str, Any], pods: list[dict[str, Any]], config: dict[str, Any], generation: int
+    job: dict[str, Any], pods: list[dict[str, Any]], config: dict[str, Any], generation: int,
+    problem_size: list[int] | None = None,
 ) -> TrialRecord:
     meta = job["metadata"]
     result = result_of_job(job, pods)
@@ -140,4 +142,5 @@ def record_from_job(
         job=meta["name"],
         generation=generation,
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        problem_size=problem_size,
     )

@@ -66,10 +66,11 @@ def target_status(
     tuning_round: int = 1,
     tuned_for: dict[str, Any] | None = None,
     stale: str | None = None,
+    top_k: int = TOP_K,
 ) -> TargetStatus:
     best = ranked(records)
     top = [
-        ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index) for r in best[:TOP_K]
+        ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index) for r in best[:top_k]
     ]
     default = next((r for r in best if default_key is not None and r.key == default_key), None)
     fp_source = next((r.fingerprint for r in reversed(records) if r.fingerprint is not None), None)

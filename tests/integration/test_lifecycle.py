@@ -157,3 +157,59 @@ def test_live_edits_and_reapplying_the_same_manifest(cluster, namespace, simulat
     assert len([r for r in records if r.generation == 2]) == 7
     assert all(r.config["block_size_x"] in (16, 32, 64, 128) for r in records if r.generation == 2)
     assert run["status"]["spaceHash"] != status["spaceHash"]
+
+
+def test_several_problem_sizes_tune_in_turn_warm_started_publish_each_and_predict_another(
+    cluster, namespace, simulator, operator
+):
+    doc = _a100_only("sizes", "Manual", budget=6, publish={"configMapName": "sizes-tuned"},
+                     predictFor=[[8192, 8192], [64]])
+    kernel = doc["spec"]["kernel"]
+    problem_size = kernel.pop("problemSize")
+    kernel["problemSizes"] = [problem_size, [2048, 2048]]
+
+    # The schema names the conflicts: both forms at once, and a size given twice.
+    both = json.loads(json.dumps(doc))
+    both["spec"]["kernel"]["problemSize"] = problem_size
+    out = apply(cluster, namespace, both)
+    assert out.returncode != 0 and "set exactly one of kernel.problemSize or kernel.problemSizes" in out.stderr
+    twice = json.loads(json.dumps(doc))
+    twice["spec"]["kernel"]["problemSizes"] = [problem_size, problem_size]
+    out = apply(cluster, namespace, twice)
+    assert out.returncode != 0 and "problem sizes must be unique" in out.stderr
+
+    assert apply(cluster, namespace, doc).returncode == 0
+    run = wait_phase(cluster, namespace, "sizes", 300, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    big, small = "a100.4096x4096", "a100.2048x2048"
+    targets = run["status"]["targets"]
+    assert [t["name"] for t in targets] == [big, small]
+    assert [t["problemSize"] for t in targets] == [[4096, 4096], [2048, 2048]]
+    assert all(t["target"] == "a100" and t["phase"] == "Succeeded" and t["completed"] == 6 for t in targets)
+
+    records = stored_records(cluster, namespace, "sizes")
+    by_key = {key: [r for r in records if r.target == key] for key in (big, small)}
+    assert len(records) == 12 and all(len(v) == 6 for v in by_key.values())
+    assert all(r.problem_size == [2048, 2048] for r in by_key[small])
+    # In turn: the second size started only after the first had finished ...
+    assert min(r.recorded_at for r in by_key[small]) >= max(r.recorded_at for r in by_key[big])
+    # ... warm-started: it re-measured the first size's best configuration early on.
+    best_big = min((r for r in by_key[big] if r.objective), key=lambda r: r.objective)
+    assert best_big.key in [r.key for r in sorted(by_key[small], key=lambda r: r.index)[:4]]
+    # The simulated fleet scales times with the problem's volume: the job ran the right size.
+    default_key = next(r.key for r in by_key[big] if r.index == 0)
+    times = {key: next(r.objective for r in v if r.key == default_key) for key, v in by_key.items()}
+    assert times[small] == pytest.approx(times[big] / 4, rel=0.25)
+
+    data = _published(cluster, namespace, "sizes-tuned")
+    assert data["a100.sizes"] == "2048x2048,4096x4096"
+    for key, target in ((big, targets[0]), (small, targets[1])):
+        assert float(data[f"{key}.time_ms"]) == pytest.approx(target["best"]["objectiveMs"], rel=1e-4)
+
+    predictions = {tuple(p["problemSize"]): p for p in run["status"]["predictions"]}
+    assert set(predictions) == {(8192, 8192), (64,)} and all(p["target"] == "a100" for p in predictions.values())
+    eight = predictions[(8192, 8192)]
+    assert "GP over 12 results at 2 tuned sizes" in eight["basis"]
+    # Four times the work of the largest tuned size: slower than its best.
+    assert eight["predictedMs"] > targets[0]["best"]["objectiveMs"] and set(eight["config"]) == set(best_big.config)
+    assert predictions[(64,)]["basis"].startswith("spec.predictFor:") and "config" not in predictions[(64,)]

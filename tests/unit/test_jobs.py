@@ -72,3 +72,23 @@ def test_a_target_may_opt_out_of_the_restricted_context():
     target = SPEC.targets[0].model_copy(update={"allow_privileged": True})
     job = render_job(run="c", namespace="n", uid="u", spec=SPEC, target=target, index=0, config={}, config_key="")
     assert job["spec"]["template"]["spec"]["containers"][0]["securityContext"] == {}
+
+
+def test_one_size_of_several_is_labelled_named_and_sent_with_its_size():
+    from fleettune.jobs import target_key, target_of_key
+
+    key = target_key("a100", (2048, 2048), several=True)
+    assert key == "a100.2048x2048" and target_of_key(key) == "a100"
+    assert target_key("a100", (2048, 2048), several=False) == "a100" == target_of_key("a100")
+    job = render_job(
+        run="conv", namespace="ns", uid="uid-1", spec=SPEC, target=SPEC.targets[0], index=3, config=CONFIG,
+        config_key="32,4", key=key, problem_size=(2048, 2048),
+    )
+    assert job["metadata"]["name"] == "conv-a100.2048x2048-0003"
+    assert job["metadata"]["labels"][TARGET_LABEL] == key == job["spec"]["template"]["metadata"]["labels"][TARGET_LABEL]
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    trial = Trial.from_env(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
+    assert trial.target == key and trial.problem_size == [2048, 2048]
+    # Without a size, the kernel's own.
+    assert Trial.from_env(next(e["value"] for e in _render()["spec"]["template"]["spec"]["containers"][0]["env"]
+                               if e["name"] == TRIAL_ENV)).problem_size == SPEC.kernel.problem_size

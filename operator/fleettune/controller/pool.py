@@ -1,5 +1,10 @@
 """One target pool's search state, and the pure decisions about it.
 
+A run that tunes several problem sizes has one Pool per (target, size), keyed
+``target.size``: the sizes of a target tune one after another, each warm-started from
+the results of the sizes before it (the landscape of a kernel moves little with the
+problem size, and its compile and resource failures not at all).
+
 A pool tunes in *rounds*. Round 1 starts with the run; a new round starts when the
 pool's GPU fingerprint changes (driver upgrade, with `retunePolicy: OnDriverChange`),
 when a re-tune is requested, or when the search space changes. A new round is
@@ -34,6 +39,9 @@ class SpecError(ValueError):
 class Pool:
     spec: TargetSpec
     seed: int
+    key: str = ""  # the records' and Jobs' target label: spec.name, or spec.name.<size>
+    problem_size: tuple[int, ...] = ()
+    after: tuple[str, ...] = ()  # keys of the same target's sizes that tune first
     phase: str = "Pending"
     message: str = ""
     device: str = ""
@@ -54,9 +62,11 @@ class Pool:
     def done(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    def __post_init__(self) -> None:
+        self.key = self.key or self.spec.name
+
     def records(self, records: Iterable[TrialRecord], *, all_rounds: bool = False) -> list[TrialRecord]:
-        name = self.spec.name
-        return [r for r in records if r.target == name and (all_rounds or r.generation == self.round)]
+        return [r for r in records if r.target == self.key and (all_rounds or r.generation == self.round)]
 
 
 def space_hash(spec: TuningRunSpec) -> str:
@@ -157,19 +167,32 @@ def build_search(spec: TuningRunSpec, pool: Pool, product: str | None, where: st
 
 
 def warm_start_prior(pool: Pool, records: Iterable[TrialRecord]) -> list[tuple[dict[str, Any], Any, float | None]]:
-    """Observations of the pool's older rounds that exist in its current space."""
+    """Observations that exist in the pool's current space from its own older rounds and,
+    in this round, from the sizes of its target that tuned before it.
+
+    Times are divided by the best of their (size, round): older drivers and other sizes
+    run at other speeds, and only how much slower than the best a configuration is
+    carries over."""
     from fleettune.space import SpaceError
 
+    earlier = set(pool.after)
+    groups: dict[tuple[str, int], list[TrialRecord]] = {}
+    for rec in records:
+        older_round = rec.target == pool.key and rec.generation < pool.round
+        earlier_size = rec.target in earlier and rec.generation == pool.round
+        if (older_round or earlier_size) and rec.is_observation:
+            groups.setdefault((rec.target, rec.generation), []).append(rec)
     prior = []
-    for rec in pool.records(records, all_rounds=True):
-        if rec.generation >= pool.round or not rec.is_observation:
-            continue
-        try:
-            row = pool.space.to_rows([rec.config])
-        except SpaceError:
-            continue  # the space changed under it
-        if bool(pool.space.is_valid(row)[0]):
-            prior.append((rec.config, rec.outcome, rec.objective))
+    for group in groups.values():
+        best = min((r.objective for r in group if r.objective), default=None)
+        for rec in group:
+            try:
+                row = pool.space.to_rows([rec.config])
+            except SpaceError:
+                continue  # the space changed under it
+            if bool(pool.space.is_valid(row)[0]):
+                value = rec.objective / best if rec.objective and best else rec.objective
+                prior.append((rec.config, rec.outcome, value))
     return prior
 
 

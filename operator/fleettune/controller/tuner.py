@@ -41,10 +41,10 @@ from fleettune.fingerprint import (
     is_stale,
     pinning_selector,
 )
-from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector
+from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector, target_key
 from fleettune.publish import PublishedEntry, publish_plan, published_configmap
 from fleettune.results import TrialRecord, job_finished, record_from_job
-from fleettune.status import ranked, run_status, target_status
+from fleettune.status import TOP_K, ranked, run_status, target_status
 from fleettune.store import ResultsStore, shard_name
 from fleettune_job.protocol import TRIAL_ENV, Trial
 
@@ -52,6 +52,7 @@ ROUND_LABEL = f"{GROUP}/round"
 RETUNE_ANNOTATION = f"{GROUP}/retune-requested-at"
 NODE_RECHECK_S = 30.0
 NODES_MAX_AGE_S = 15.0
+PREDICT_EVERY_S = 30.0
 
 __all__ = ["ROUND_LABEL", "RunLoop", "SpecError", "parse_spec"]
 
@@ -65,10 +66,13 @@ def field_path(loc: tuple[Any, ...]) -> str:
 
 def parse_spec(raw: Mapping[str, Any]) -> TuningRunSpec:
     try:
-        return TuningRunSpec.model_validate(dict(raw))
+        spec = TuningRunSpec.model_validate(dict(raw))
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpecError(f"{field_path(err['loc'])}: {err['msg']}") from None
+    if not spec.kernel.sizes():  # the CRD's CEL rule says so too; this covers older CRDs
+        raise SpecError("spec.kernel.problemSize: set kernel.problemSize or kernel.problemSizes")
+    return spec
 
 
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -120,6 +124,9 @@ class RunLoop:
         self.published: dict[str, str] | None = None
         self.nodes: dict[str, Node] = {}
         self.nodes_read: tuple[int, float] | None = None
+        self.tracked_keys: set[str] = set()
+        self.predictions: list[dict[str, Any]] = []
+        self.predicted_for: tuple[Any, ...] | None = None
         self.loaded = False
 
     # ------------------------------------------------------------------ setup
@@ -160,25 +167,34 @@ class RunLoop:
         new_hash = space_hash(self.spec)
         space_changed = self.space_hash is not None and new_hash != self.space_hash
         self.space_hash = new_hash
+        sizes = self.spec.kernel.sizes()
+        wanted: list[str] = []
         for i, target in enumerate(self.spec.targets):
-            pool = self.pools.get(target.name)
-            if pool is None:
-                pool = self.pools[target.name] = Pool(spec=target, seed=self.spec.strategy.seed + 7919 * i)
-                self._restore(pool)
-            else:
-                pool.spec = target
-                if pool.phase == "Succeeded":
-                    pool.phase = "Running"  # a larger budget re-opens a finished pool
-            if space_changed:
-                self._new_round(pool, "the search space changed")
-            elif pool.phase != "Failed":
-                pool.study = None  # rebuilt for the (possibly new) device limits and strategy
-        for gone in set(self.pools) - {t.name for t in self.spec.targets}:
-            del self.pools[gone]
+            keys = [target_key(target.name, size, len(sizes) > 1) for size in sizes]
+            for j, (key, size) in enumerate(zip(keys, sizes, strict=True)):
+                wanted.append(key)
+                pool = self.pools.get(key)
+                if pool is None:
+                    pool = self.pools[key] = Pool(
+                        spec=target, seed=self.spec.strategy.seed + 7919 * i + 613 * j, key=key,
+                        problem_size=size, after=tuple(keys[:j]),
+                    )
+                    self._restore(pool)
+                else:
+                    pool.spec = target
+                    if pool.phase == "Succeeded":
+                        pool.phase = "Running"  # a larger budget re-opens a finished pool
+                if space_changed:
+                    self._new_round(pool, "the search space changed")
+                elif pool.phase != "Failed":
+                    pool.study = None  # rebuilt for the (possibly new) device limits and strategy
+        self.pools = {key: self.pools[key] for key in wanted}  # spec order, which the status follows
+        for gone in self.tracked_keys - set(wanted):
             metrics.forget_target(self.namespace, self.name, gone)
+        self.tracked_keys = set(wanted)
 
     def _restore(self, pool: Pool) -> None:
-        old = self._restored.get(pool.spec.name)
+        old = self._restored.get(pool.key)
         rounds = [r.generation for r in pool.records(self.store.records, all_rounds=True)]
         pool.round = max([old.round if old else 1, *rounds])
         if old is not None:
@@ -195,7 +211,7 @@ class RunLoop:
         pool.tuned_for = pool.current.fingerprint if pool.current is not None else None
         pool.stale, pool.study = None, None
         pool.phase, pool.message = "Running", f"round {pool.round}: {reason}"
-        self.log.info("%s: %s", pool.spec.name, pool.message)
+        self.log.info("%s: %s", pool.key, pool.message)
 
     async def _refresh_nodes(self) -> None:
         epoch, now = self.node_epoch(), time.monotonic()
@@ -231,7 +247,7 @@ class RunLoop:
                 self._new_round(pool, f"GPU fingerprint changed: {change}")
             elif pool.stale != change:
                 pool.stale = change
-                self.log.warning("%s is stale: %s (retunePolicy Manual)", pool.spec.name, change)
+                self.log.warning("%s is stale: %s (retunePolicy Manual)", pool.key, change)
         return True
 
     def _retune_requested(self) -> None:
@@ -260,6 +276,9 @@ class RunLoop:
         for pool in self.pools.values():
             if not self._track_fleet(pool, loop_time) or pool.phase == "Failed":
                 continue
+            if pool.study is None and (waiting := self._earlier_sizes_running(pool)):
+                pool.phase, pool.message = "Pending", f"waiting for {waiting} to finish (warm start)"
+                continue
             if pool.study is None and loop_time >= pool.next_check:
                 try:
                     await asyncio.to_thread(self._setup_pool, pool)
@@ -268,7 +287,7 @@ class RunLoop:
                     await self._write_status("Failed", [], "InvalidSpec", str(exc))
                     return True
                 except Exception as exc:  # never retry a broken pool forever: fail it, say why
-                    self.log.exception("%s: cannot build its search", pool.spec.name)
+                    self.log.exception("%s: cannot build its search", pool.key)
                     pool.phase, pool.message = "Failed", f"cannot build the search space: {exc}"[:500]
 
         jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
@@ -276,10 +295,65 @@ class RunLoop:
         await self._feed_studies()
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
-                await self._advance(pool, running.setdefault(pool.spec.name, []))
+                await self._advance(pool, running.setdefault(pool.key, []))
+        await self._predict()
         finished = await self._report(running)
         await self._publish()
         return finished
+
+    async def _predict(self) -> None:
+        """Recommendations for spec.predictFor from the tuned sizes, refreshed when results
+        land (at most every PREDICT_EVERY_S while tuning, since each fits a GP)."""
+        if self.spec is None or not self.spec.predict_for:
+            self.predictions = []
+            return
+        sizes = [tuple(s) for s in self.spec.predict_for]
+        basis = tuple((p.key, p.round, len(p.records(self.store.records))) for p in self.pools.values())
+        now = time.monotonic()
+        done = all(p.done for p in self.pools.values())
+        last = self.predicted_for
+        if last is not None and (last[0] == (basis, sizes) or (not done and now - last[1] < PREDICT_EVERY_S)):
+            return
+        self.predicted_for = ((basis, sizes), now)
+        self.predictions = await asyncio.to_thread(self._predictions, sizes)
+
+    def _predictions(self, sizes: list[tuple[int, ...]]) -> list[dict[str, Any]]:
+        from fleettune.predict import recommend
+
+        out: list[dict[str, Any]] = []
+        by_target: dict[str, list[Pool]] = {}
+        for pool in self.pools.values():
+            by_target.setdefault(pool.spec.name, []).append(pool)
+        for target, pools in by_target.items():
+            space = next((p.space for p in pools if p.space is not None), None)
+            records = {
+                p.problem_size: [(r.config, r.objective if r.outcome.value == "ok" else None)
+                                 for r in p.records(self.store.records) if r.is_observation]
+                for p in pools
+            }
+            for size in sizes:
+                entry: dict[str, Any] = {"target": target, "problemSize": list(size)}
+                if space is None or not any(v for recs in records.values() for _, v in recs):
+                    entry["basis"] = "no valid result yet"
+                else:
+                    try:
+                        rec = recommend(space, records, size, seed=self.spec.strategy.seed if self.spec else 0)
+                        entry.update(rec.as_dict())
+                    except ValueError as exc:  # e.g. a size with the wrong number of dimensions
+                        entry["basis"] = f"spec.predictFor: {exc}"[:300]
+                    except Exception as exc:  # a prediction must never stop the tuning
+                        self.log.exception("%s: prediction for %s failed", target, size)
+                        entry["basis"] = f"prediction failed: {exc}"[:300]
+                out.append(entry)
+        return out
+
+    def _earlier_sizes_running(self, pool: Pool) -> str | None:
+        """The first of the target's earlier sizes that has not finished, if any."""
+        for key in pool.after:
+            earlier = self.pools.get(key)
+            if earlier is not None and not earlier.done:
+                return key
+        return None
 
     def _setup_pool(self, pool: Pool) -> None:
         """Search space for the pool's device and a Study warm-started from older rounds (worker thread)."""
@@ -291,7 +365,7 @@ class RunLoop:
         if pool.round_started is None:
             pool.round_started = time.time()
         if pool.phase in ("Pending", "Unschedulable"):
-            pool.phase = "Running"
+            pool.phase, pool.message = "Running", ""
 
     async def _collect(self, jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
         """Store the records of finished Jobs, then delete those Jobs; return the running ones per pool."""
@@ -315,7 +389,10 @@ class RunLoop:
                 pods = await asyncio.to_thread(
                     self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
                 )
-                fresh.append(record_from_job(job, pods, trial_of(job).config, round_of(job)))
+                trial = trial_of(job)
+                several = pool is not None and pool.key != pool.spec.name
+                fresh.append(record_from_job(job, pods, trial.config, round_of(job),
+                                             trial.problem_size if several else None))
                 timings[(target, index)] = metrics.trial_timings(job, pods)
         if fresh:
             stored = await asyncio.to_thread(self.store.append, fresh)
@@ -390,14 +467,14 @@ class RunLoop:
                     _timed, pool.study.suggest, want - len(configs), pending + configs
                 )
             except Exception as exc:  # a strategy that cannot suggest would fail the same way forever
-                self.log.exception("%s: the strategy failed", pool.spec.name)
+                self.log.exception("%s: the strategy failed", pool.key)
                 await self._stop(pool, running, "Failed", f"spec.strategy: the strategy failed: {exc}"[:500])
                 return
             configs += suggested
-            metrics.suggestion_latency(self.namespace, self.name, pool.spec.name, seconds)
+            metrics.suggestion_latency(self.namespace, self.name, pool.key, seconds)
             fit_s = getattr(pool.study, "last_fit_s", None)
             if fit_s:
-                metrics.model_fit(self.namespace, self.name, pool.spec.name, fit_s)
+                metrics.model_fit(self.namespace, self.name, pool.key, fit_s)
         if not configs and not running:
             pool.phase, pool.message = "Succeeded", "search space exhausted"
             return
@@ -410,6 +487,7 @@ class RunLoop:
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
                 index=index, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
+                key=pool.key, problem_size=pool.problem_size,
             )
             body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
             await asyncio.to_thread(self.kube.create_job, self.namespace, body)
@@ -421,17 +499,21 @@ class RunLoop:
     async def _report(self, running: dict[str, list[dict[str, Any]]]) -> bool:
         assert self.spec is not None
         targets = []
+        top_k = TOP_K if len(self.pools) <= 16 else 2  # keeps the object small with many sizes
         for pool in self.pools.values():
             status = target_status(
-                name=pool.spec.name, phase=pool.phase, budget=self.spec.budget.trials_per_target,
-                records=pool.records(self.store.records), running=len(running.get(pool.spec.name, [])),
+                name=pool.key, phase=pool.phase, budget=self.spec.budget.trials_per_target,
+                records=pool.records(self.store.records), running=len(running.get(pool.key, [])),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
                 message=pool.message, tuning_round=pool.round, stale=pool.stale,
-                tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None,
+                tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,
             )
+            update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
+            if pool.key != pool.spec.name:
+                update["target"] = pool.spec.name
             if pool.round_started:
-                status = status.model_copy(update={"round_started_at": _iso(pool.round_started)})
-            targets.append(status)
+                update["round_started_at"] = _iso(pool.round_started)
+            targets.append(status.model_copy(update=update))
         finished = all(p.done for p in self.pools.values())
         if finished:
             failed = all(p.phase == "Failed" for p in self.pools.values())
@@ -454,6 +536,7 @@ class RunLoop:
             "space_hash": self.space_hash,
             "last_handled_retune_at": self.retune_token,
             "published": self.spec.publish.config_map_name if self.spec and self.spec.publish else None,
+            "predictions": self.predictions,
         }
         status = run_status(
             previous=self._previous_status(), generation=self.generation, phase=phase, targets=targets,
@@ -474,7 +557,7 @@ class RunLoop:
             best = ranked(pool.records(self.store.records))
             if best:
                 out.append(PublishedEntry(
-                    pool=pool.spec.name, problem_size=tuple(self.spec.kernel.problem_size), config=best[0].config,
+                    pool=pool.spec.name, problem_size=pool.problem_size, config=best[0].config,
                     time_ms=best[0].objective, fingerprint=pool.tuned_for or NodeFingerprint(),
                     trial=best[0].index, generation=pool.round, measured_at=best[0].recorded_at,
                 ))
@@ -487,7 +570,7 @@ class RunLoop:
         target = self.spec.publish
         if self.published is None:
             self.published = await asyncio.to_thread(self.kube.read_config_map, self.namespace, target.config_map_name)
-        data = publish_plan(self.name, self.published, self._entries(), pools=set(self.pools))
+        data = publish_plan(self.name, self.published, self._entries(), pools={t.name for t in self.spec.targets})
         if data is None:
             return
         body = published_configmap(
