@@ -363,7 +363,9 @@ class RunLoop:
         build_search(self.spec, pool, product_of(pool, matching_nodes(self.nodes, pool.spec)), where)
         make_study(self.spec, pool, self.store.records)
         if pool.round_started is None:
-            pool.round_started = time.time()
+            # A later size's round began with the target's first size: one deadline for all.
+            earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
+            pool.round_started = min(earlier, default=None) or time.time()
         if pool.phase in ("Pending", "Unschedulable"):
             pool.phase, pool.message = "Running", ""
 
