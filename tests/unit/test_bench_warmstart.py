@@ -105,3 +105,20 @@ def test_command(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert res["seeds"] == 2 and len(doc["per_seed"]["src → tgt"]) == 2
     with pytest.raises(SystemExit):
         main(["--source", str(src)])
+
+
+def test_command_resumes_from_traces(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, tgt = caches
+    traces = tmp_path / "ws.jsonl"
+    args = ["--source", str(src), "--target", str(tgt), "--budget", "15", "--source-budget", "15",
+            "--strategy", "random", "--traces", str(traces)]
+    assert main([*args, "--seeds", "2"]) == 0
+    assert len(traces.read_text().splitlines()) == 2
+    first = capsys.readouterr().out
+    # A second run with one more seed only runs that seed, and summarises all three.
+    assert main([*args, "--seeds", "3", "--json", str(tmp_path / "ws.json")]) == 0
+    assert len(traces.read_text().splitlines()) == 3
+    doc = json.loads((tmp_path / "ws.json").read_text())
+    rows = doc["per_seed"]["src → tgt"]
+    assert [r["seed"] for r in rows] == [0, 1, 2]
+    assert "src → tgt" in first

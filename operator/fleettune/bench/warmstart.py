@@ -190,6 +190,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--option", action="append", default=[], help="strategy option KEY=VALUE (JSON value)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--json", dest="json_out", help="write per-seed rows and summaries here")
+    p.add_argument("--traces", help="JSON-lines file of finished seeds: appended to, and resumed from")
     args = p.parse_args(argv)
     if not args.all_pairs and not (args.source and args.target):
         p.error("give --source and --target, or --all-pairs DIR")
@@ -207,6 +208,24 @@ def _name(path: Path) -> str:
     return path.name.removesuffix(".gz").removesuffix(".json")
 
 
+def _seed_key(pair: str, seed: int, args: argparse.Namespace, options: dict[str, Any]) -> str:
+    return json.dumps([pair, args.strategy, seed, args.source_budget, args.budget, options], sort_keys=True)
+
+
+def _load_rows(path: Path | None) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if path is None or not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a crash: that seed runs again
+                continue
+            out[rec["key"]] = rec["row"]
+    return out
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     import torch
@@ -214,6 +233,8 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(max(1, args.threads))
     options = parse_options(args.option)
     results, per_seed = [], {}
+    traces = Path(args.traces) if args.traces else None
+    done = _load_rows(traces)
     for src_path, tgt_path in _pairs(args):
         source, target = load_replay(src_path), load_replay(tgt_path)
         if [p.name for p in source.space.parameters] != [p.name for p in target.space.parameters]:
@@ -223,7 +244,14 @@ def main(argv: list[str]) -> int:
         rows = []
         started = time.perf_counter()
         for seed in range(args.first_seed, args.first_seed + args.seeds):
+            key = _seed_key(pair, seed, args, options)
+            if key in done:
+                rows.append(done[key])
+                continue
             rows.append(run_seed(source, target, args.strategy, seed, args.source_budget, args.budget, options))
+            if traces is not None:
+                with traces.open("a") as fh:
+                    fh.write(json.dumps({"key": key, "row": rows[-1]}) + "\n")
             print(f"  {pair} seed {seed}: " + " ".join(f"{k}={v}" for k, v in rows[-1].items() if k != "seed"),
                   file=sys.stderr, flush=True)
         res = summarise(pair, rows, args.budget)

@@ -7,6 +7,11 @@ feasibility threshold, Kriging believers for pending trials and for the rest of 
 Hyperparameters are refitted on a schedule of history lengths, each fit warm-started
 from the previous checkpoint's fit, so that a study rebuilt from its stored history
 retraces the same fits and suggests the same.
+
+Warm start (prior data from another pool): the best prior configurations are measured
+first; then this pool's log times are modelled as the prediction of a GP fitted to the
+prior alone, shifted by their mean offset, plus a residual GP fitted to this pool's
+data, refitted after each of its first evaluations (see ``warm_model``).
 """
 
 from __future__ import annotations
@@ -30,11 +35,26 @@ DEFAULTS: dict[str, Any] = {
     "fit_iter": 40,  # L-BFGS iterations per hyperparameter fit
     "max_pool": 20_000,  # candidates scored exactly per suggestion; beyond: subset + local search
     "tau_max": 1.0,  # feasibility threshold ~ U(0, tau_max), redrawn at every suggestion
-    "feas_power": 3.0,  # acquisition = EI * P(feasible)^feas_power
+    "feas_power": 6.0,  # acquisition = EI * P(feasible)^feas_power
     "transform": "log",  # objective transform: "log" (then standardise) or "copula" (ranks -> normal scores)
     "prior_top": 3,  # with warm-start data, first re-measure the best prior configurations
     "local_starts": 5,
     "local_rounds": 3,
+    # Trust-region exploitation: every ``local_every``-th evaluation (0: never), from the
+    # ``local_after``-th on, is chosen by the same acquisition but only among the
+    # candidates within ``local_radius`` moves of the ``local_best`` best points found.
+    "local_every": 0,
+    "local_after": 20,
+    "local_best": 3,
+    "local_radius": 1,
+    # Warm start: refit on a schedule of this study's evaluations (after 1, 2, 3, 4, 6…)
+    # rather than of the history with the prior in it (first refit 25 % later).
+    "warm_refit": True,
+    # Warm start: "task" models both pools in one GP with a task column; "residual" fits
+    # a GP to the prior alone and models this pool as its prediction (shifted) plus a
+    # residual GP of this pool's own data, which can learn that one parameter matters
+    # differently here (a task column can only scale all of the prior's information).
+    "warm_model": "residual",
 }
 
 
@@ -57,12 +77,17 @@ class BayesOpt(Strategy):
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
         self._xc = torch.as_tensor(candidates.x)
         self._xfc = torch.as_tensor(candidates.xf)
+        self._prior: tuple[int, Posterior, float, float] | None = None
+        self._prior_cand: torch.Tensor | None = None
 
     # -- model ------------------------------------------------------------------------
 
     def _targets(self, history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Transformed objective of the feasible points, each task on its own scale
         (a prior pool's absolute times say nothing about this one's), and noise."""
+        if self._residual(history):
+            ok, r, noise, _ = self._residual_targets(history)
+            return ok, r, noise
         ok = np.flatnonzero(history.feasible)
         y = np.log(history.value[ok])
         noise = history.noise[ok].copy()
@@ -75,10 +100,60 @@ class BayesOpt(Strategy):
             noise[sel] *= scale
         return ok, z, noise
 
+    def _residual(self, history: History) -> bool:
+        if self.options["warm_model"] != "residual":
+            return False
+        prior_ok = int((history.feasible & (history.task == 0)).sum())
+        return prior_ok >= 2 and bool((history.feasible & (history.task == 1)).any())
+
+    def _prior_model(self, history: History) -> tuple[Posterior, float, float]:
+        """GP of the prior data alone (fitted once: the prior does not change), and the
+        mean and spread of its log times."""
+        n0 = int((history.task == 0).sum())
+        if self._prior is None or self._prior[0] != n0:
+            rows = np.flatnonzero(history.feasible & (history.task == 0))
+            y = np.log(history.value[rows])
+            mu, sd = float(y.mean()), float(y.std()) or 1.0
+            z = (y - mu) / sd
+            noise = history.noise[rows] / sd**2
+            x = history.x[rows]
+            hyper = fit_hyper(x, z, noise, max_iter=self.options["fit_iter"])
+            self._prior = (n0, Posterior(x, z, noise, hyper), mu, sd)
+            self._prior_cand = None
+        return self._prior[1], self._prior[2], self._prior[3]
+
+    def _prior_mean(self, history: History, idx: np.ndarray | None = None, rows: np.ndarray | None = None):
+        """The prior GP's mean at candidates ``idx`` (cached for all) or at history ``rows``."""
+        gp, _, _ = self._prior_model(history)
+        if rows is not None:
+            x = history.x[rows]
+            return gp.predict(torch.as_tensor(x), fast=False)[0].numpy()
+        if self._prior_cand is None:
+            self._prior_cand = gp.predict(self._xc)[0]
+        return self._prior_cand if idx is None else self._prior_cand[torch.as_tensor(idx)]
+
+    def _residual_targets(self, history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """This pool's feasible points: their log times on the prior's scale minus the
+        prior GP's prediction, centred (the mean offset is returned separately)."""
+        _, mu, sd = self._prior_model(history)
+        ok = np.flatnonzero(history.feasible & (history.task == 1))
+        z = (np.log(history.value[ok]) - mu) / sd
+        r = z - self._prior_mean(history, rows=ok)
+        offset = float(r.mean())
+        return ok, r - offset, history.noise[ok] / sd**2, offset
+
+    def _marks(self, history: History, m: int) -> list[int]:
+        """History lengths (up to ``m``) at which hyperparameters are refitted."""
+        growth = self.options["refit_growth"]
+        n0 = int((history.task == 0).sum())
+        if self.options["warm_refit"] and n0 > 0 and m >= n0:
+            return [n0 + c - 1 for c in checkpoints(m - n0 + 1, growth)]
+        return checkpoints(m, growth)
+
     def _inputs(self, history: History, rows: np.ndarray | None = None, feas: bool = False) -> np.ndarray:
         hx = history.xf if feas else history.x
         x = hx if rows is None else hx[rows]
-        if self._with_task(history):
+        if self._with_task(history) and (feas or not self._residual(history)):
             task = history.task if rows is None else history.task[rows]
             x = np.hstack([x, task.reshape(-1, 1).astype(np.float64)])
         return x
@@ -92,11 +167,13 @@ class BayesOpt(Strategy):
     def _fit(self, history: History, m: int) -> tuple[Hyper | None, Hyper | None]:
         if m in self._fits:
             return self._fits[m]
-        marks = checkpoints(m, self.options["refit_growth"])
+        marks = self._marks(history, m)
         prev = marks[-2] if len(marks) > 1 and marks[-1] == m else None
         init_r, init_c = self._fit(history, prev) if prev else (None, None)
         h = history.prefix(m)
         ok, z, noise = self._targets(h)
+        if init_r is not None and len(init_r.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
+            init_r = None  # the previous fit had a task column (residual model from here on)
         hyper_r = None
         if len(ok) >= 2:
             hyper_r = fit_hyper(self._inputs(h, ok), z, noise, init=init_r, max_iter=self.options["fit_iter"])
@@ -169,18 +246,23 @@ class BayesOpt(Strategy):
         return out[available[out]], True
 
     def _bayes(self, n, history: History, pending, available, rng) -> np.ndarray:
-        hyper_r, hyper_c = self._fit(history, checkpoints(len(history), self.options["refit_growth"])[-1])
+        hyper_r, hyper_c = self._fit(history, self._marks(history, len(history))[-1])
         ok, z, noise = self._targets(history)
+        residual = self._residual(history)
+        offset = self._residual_targets(history)[3] if residual else 0.0
         with_task = self._with_task(history)
         avail = available.copy()
         avail[pending] = False
         pool, partial = self._pool(history, avail, rng)
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
-        if hyper_r is None:  # the last checkpoint had too few successes to fit: use the prior
-            hyper_r = Hyper.default(self._inputs(history, ok).shape[1])
+        width = self._inputs(history, ok[:0]).shape[1]
+        if hyper_r is None or len(hyper_r.lengthscale) != width:
+            # The last checkpoint had too few successes to fit (or was fitted before the
+            # residual model took over): use the prior's hyperparameters.
+            hyper_r = Hyper.default(width)
         gp = Posterior(self._inputs(history, ok), z, noise, hyper_r)
-        failed = np.flatnonzero(~history.feasible)
+        failed = np.flatnonzero(~history.feasible & ((history.task == 1) | (not residual)))
         if len(failed):
             # A failed point has no objective, but it has been looked at: condition on it
             # at the posterior mean (a believer that never resolves). The mean stays
@@ -199,18 +281,23 @@ class BayesOpt(Strategy):
         if hyper_c is not None:
             clf = FeasibilityModel(self._inputs(history, feas=True), history.feasible, hyper_c)
         cur_ok = history.task[ok] == 1
-        best = float(z[cur_ok].min()) if cur_ok.any() else float(z.min())
+        if residual:  # in prior units: residual + prior mean + offset
+            best = float((z + self._prior_mean(history, rows=ok) + offset).min())
+        else:
+            best = float(z[cur_ok].min()) if cur_ok.any() else float(z.min())
         power = self.options["feas_power"]
 
         def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
             full = self._xfc if feas else self._xc
             x = full if len(idx) == len(full) else full[torch.as_tensor(idx)]
-            if with_task:
+            if with_task and (feas or not residual):
                 x = torch.cat([x, torch.ones(len(idx), 1, dtype=x.dtype)], dim=1)
             return x
 
         def score(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             mean, var = gp.predict(feats(idx))
+            if residual:
+                mean = mean + self._prior_mean(history, idx) + offset
             log_pf = torch.zeros_like(mean)
             if clf is not None:
                 log_pf = torch.log(clf.prob(feats(idx, feas=True)).clamp_min(1e-12))
@@ -249,16 +336,37 @@ class BayesOpt(Strategy):
 
         for j in range(len(pool), len(scored)):
             believe(j)
+        local = self._trust_region(history, scored)
+        done = int((history.task == 1).sum()) + len(pending)
         picks: list[int] = []
         for _ in range(min(n, int(selectable.sum()))):
             acq = log_ei(mean, believers.var, best) + log_pf_w
             acq[~selectable] = -math.inf
+            if local is not None and self._local_turn(done + len(picks)) and bool((selectable & local).any()):
+                acq[~local] = -math.inf
             j = int(torch.argmax(acq))
             picks.append(int(scored[j]))
             selectable[j] = False
             if len(picks) < n:
                 believe(j)
         return np.array(picks, dtype=np.int64)
+
+    def _local_turn(self, count: int) -> bool:
+        every = int(self.options["local_every"])
+        return every > 0 and count >= int(self.options["local_after"]) and count % every == every - 1
+
+    def _trust_region(self, history: History, scored: np.ndarray) -> torch.Tensor | None:
+        """Mask over ``scored``: candidates near the best points of this study."""
+        if int(self.options["local_every"]) <= 0:
+            return None
+        cur = np.flatnonzero(history.feasible & (history.task == 1) & (history.cand >= 0))
+        if len(cur) == 0:
+            return None
+        best = cur[np.argsort(history.value[cur], kind="stable")[: self.options["local_best"]]]
+        near = self.candidates.hamming_neighbours(
+            self.candidates.rows[history.cand[best]], radius=int(self.options["local_radius"])
+        )
+        return torch.as_tensor(np.isin(scored, near))
 
     def _local_search(self, pool, mean, var, log_pf, avail, score, best):
         """BaCO-style multi-start local search on the acquisition: from the best scored

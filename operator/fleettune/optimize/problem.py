@@ -74,10 +74,10 @@ class Candidates:
             out[np.flatnonzero(inside)[hit]] = self._order[pos[hit]]
         return out
 
-    def hamming_neighbours(self, rows: np.ndarray, *, chunk: int = 131_072) -> np.ndarray:
-        """Candidates that differ from any of ``rows`` in exactly one parameter: the
-        one-move neighbourhoods a local search walks through, found by one vectorised
-        scan, so restricted spaces need no neighbour generator."""
+    def hamming_neighbours(self, rows: np.ndarray, *, chunk: int = 131_072, radius: int = 1) -> np.ndarray:
+        """Candidates that differ from any of ``rows`` in 1 to ``radius`` parameters: the
+        one-move (``radius`` 1) neighbourhoods a local search walks through, found by one
+        vectorised scan, so restricted spaces need no neighbour generator."""
         rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64)
@@ -87,7 +87,7 @@ class Candidates:
             diff = np.zeros((len(part), len(rows)), dtype=np.int16)
             for j in range(part.shape[1]):  # column by column: no (chunk, k, d) temporary
                 diff += part[:, j : j + 1] != rows[None, :, j]
-            found.append(np.flatnonzero((diff == 1).any(axis=1)) + s)
+            found.append(np.flatnonzero(((diff >= 1) & (diff <= radius)).any(axis=1)) + s)
         return np.concatenate(found)
 
 

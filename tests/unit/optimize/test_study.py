@@ -154,3 +154,41 @@ def test_large_space_path_subset_and_local_search(space, optimum):
     d0, d1 = (rows[near] != rows[0]).sum(1), (rows[near] != rows[1]).sum(1)
     assert len(near) and ((d0 == 1) | (d1 == 1)).all()
     assert (study.candidates.lookup(rows[near]) == near).all()
+
+
+def test_hamming_neighbourhoods_by_radius(space):
+    rows = space.enumerate()
+    from fleettune.optimize.problem import Candidates
+
+    cands = Candidates(rows, space.encode(rows))
+    centre = rows[len(rows) // 2]
+    for radius in (1, 2):
+        near = cands.hamming_neighbours(centre, radius=radius)
+        d = (rows[near] != centre).sum(1)
+        assert ((d >= 1) & (d <= radius)).all()
+        # complete: every candidate within the radius is found
+        all_d = (rows != centre).sum(1)
+        assert len(near) == int(((all_d >= 1) & (all_d <= radius)).sum())
+        assert space.is_valid(rows[near]).all()
+
+
+def test_trust_region_picks_are_near_the_best_points(space):
+    """With local_every=1 every model-led pick after local_after comes from the one-move
+    neighbourhood of the best points found so far (all valid, never re-suggested)."""
+    opts = {**FAST, "local_every": 1, "local_after": 14, "local_best": 2, "local_radius": 1}
+    study = Study(space, seed=4, options=opts)
+    feed(study, 14)
+    for _ in range(6):
+        h = study.history
+        ok = np.flatnonzero(h.feasible)
+        top = study.candidates.rows[h.cand[ok[np.argsort(h.value[ok], kind="stable")[:2]]]]
+        (c,) = study.suggest(1)
+        row = np.asarray(space.to_rows([c]))[0]
+        assert ((top != row).sum(1) == 1).any(), (c, top)
+        assert space.is_valid(row.reshape(1, -1)).all()
+        study.observe(c, *evaluate(c))
+    # before local_after the option changes nothing: same path as without it
+    plain = Study(space, seed=4, options=FAST)
+    assert feed(plain, 14) == [
+        space.to_configs(study._rows[i].reshape(1, -1))[0] for i in range(14)
+    ]
