@@ -28,7 +28,11 @@ TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unschedulabl
 Dimension = Annotated[int, Field(ge=1, le=2**31 - 1)]
 ProblemSize = Annotated[list[Dimension], Field(min_length=1, max_length=3)]
 MAX_PROBLEM_SIZES = 8
-MAX_TUNED_TARGETS = 48  # targets × problem sizes: each is one entry of status.targets
+# The status must stay far below the API server's object limit whatever the spec asks:
+# targets × problem sizes (one status.targets entry each) and targets × predictFor sizes
+# (one status.predictions entry each) are bounded.
+MAX_TUNED_TARGETS = 24
+MAX_PREDICTIONS = 24
 
 
 class _Model(BaseModel):
@@ -189,6 +193,8 @@ class TuningRunSpec(_Model):
                  f"{MAX_TUNED_TARGETS}",
          "message": f"size(targets) * size(kernel.problemSizes) must be at most {MAX_TUNED_TARGETS}",
          "fieldPath": ".targets"},
+        {"rule": f"!has(self.predictFor) || size(self.targets) * size(self.predictFor) <= {MAX_PREDICTIONS}",
+         "message": f"size(targets) * size(predictFor) must be at most {MAX_PREDICTIONS}", "fieldPath": ".predictFor"},
     ]})
 
     kernel: KernelSpec
@@ -210,7 +216,7 @@ class TuningRunSpec(_Model):
     )
     publish: PublishSpec | None = None
     predict_for: list[ProblemSize] | None = Field(
-        default=None, max_length=MAX_PROBLEM_SIZES,
+        default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
         description="Problem sizes never tuned: status.predictions recommends a configuration per target for each, "
         "from the tuned sizes' results.",
     )
@@ -311,7 +317,7 @@ class TuningRunStatus(_Model):
     best_summary: str = Field(default="", description="Best time per pool in short form, for `kubectl get`.")
     trials: TrialCounts = Field(default_factory=TrialCounts)
     targets: list[TargetStatus] = Field(default_factory=list, max_length=MAX_TUNED_TARGETS)
-    predictions: list[Prediction] = Field(default_factory=list, max_length=16 * MAX_PROBLEM_SIZES)
+    predictions: list[Prediction] = Field(default_factory=list, max_length=MAX_PREDICTIONS)
     results: ResultsRef | None = None
     space_hash: str | None = Field(default=None, description="Hash of kernel, parameters, constraints, objective.")
     last_handled_retune_at: str | None = Field(

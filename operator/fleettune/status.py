@@ -70,7 +70,8 @@ def target_status(
 ) -> TargetStatus:
     best = ranked(records)
     top = [
-        ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index) for r in best[:top_k]
+        ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index)
+        for r in best[: max(top_k, 1)]
     ]
     default = next((r for r in best if default_key is not None and r.key == default_key), None)
     fp_source = next((r.fingerprint for r in reversed(records) if r.fingerprint is not None), None)
@@ -90,7 +91,7 @@ def target_status(
         device=device,
         fingerprint=fingerprint,
         best=top[0] if top else None,
-        top=top,
+        top=top if top_k > 1 else [],  # `best` alone says it
         default_ms=round(default.objective, 6) if default and default.objective else None,
         speedup=speedup,
         message=message,

@@ -65,3 +65,30 @@ def test_every_fingerprint_field_fits_the_status_schema():
     )
     st = target_status(name="orin", phase="Running", budget=1, records=[], running=0, tuned_for=fp.to_status())
     assert NodeFingerprint.from_status(st.tuned_for.dump()) == fp
+
+
+def test_status_stays_small_at_the_spec_limits_on_sizes_and_predictions():
+    import json
+
+    from fleettune.api import MAX_PREDICTIONS, MAX_TUNED_TARGETS
+
+    config = {f"parameter_{i}": 1024 + i for i in range(10)}
+    records = [TrialRecord(target="t", index=i, config=config, key=str(i), outcome=Outcome.OK, objective=1.5 + i)
+               for i in range(2000)]
+    tuned_for = {"product": "NVIDIA-A100-SXM4-80GB", "computeCapability": "8.0", "driverVersion": "550.54.15",
+                 "cudaRuntimeVersion": "12.4", "arch": "amd64", "source": "gfd", "memoryMib": 81920}
+    targets = [
+        target_status(name=f"pool-with-long-name{i:02d}.4096x4096x4096", phase="Running", budget=2000,
+                      records=records, running=8, device="NVIDIA A100-SXM4-80GB", space_size=10**6,
+                      default_key="0", message="m" * 200, tuning_round=3, tuned_for=tuned_for, top_k=1)
+        .model_copy(update={"problem_size": [4096, 4096, 4096], "target": f"pool-with-long-name{i:02d}"})
+        for i in range(MAX_TUNED_TARGETS)
+    ]
+    predictions = [{"target": "pool-with-long-name00", "problemSize": [8192, 8192, 8192], "config": config,
+                    "predictedMs": 12.345678, "basis": "b" * 200}] * MAX_PREDICTIONS
+    status = run_status(previous=None, generation=1, phase="Running", targets=targets,
+                        results={"configMapPrefix": "r" * 60, "shards": 4, "records": 2000 * MAX_TUNED_TARGETS},
+                        reason="Tuning", message="x" * 500, extra={"predictions": predictions})
+    size = len(json.dumps(status.model_dump(by_alias=True, exclude_none=True, mode="json")))
+    assert all(t.best is not None and not t.top for t in status.targets)
+    assert size < 48 * 1024, size

@@ -339,11 +339,12 @@ class RunLoop:
                     try:
                         rec = recommend(space, records, size, seed=self.spec.strategy.seed if self.spec else 0)
                         entry.update(rec.as_dict())
+                        entry["basis"] = entry["basis"][:200]
                     except ValueError as exc:  # e.g. a size with the wrong number of dimensions
-                        entry["basis"] = f"spec.predictFor: {exc}"[:300]
+                        entry["basis"] = f"spec.predictFor: {exc}"[:200]
                     except Exception as exc:  # a prediction must never stop the tuning
                         self.log.exception("%s: prediction for %s failed", target, size)
-                        entry["basis"] = f"prediction failed: {exc}"[:300]
+                        entry["basis"] = f"prediction failed: {exc}"[:200]
                 out.append(entry)
         return out
 
@@ -501,7 +502,8 @@ class RunLoop:
     async def _report(self, running: dict[str, list[dict[str, Any]]]) -> bool:
         assert self.spec is not None
         targets = []
-        top_k = TOP_K if len(self.pools) <= 16 else 2  # keeps the object small with many sizes
+        # Many (pool, size) entries share the status: fewer top configurations each.
+        top_k = TOP_K if len(self.pools) <= 8 else 2 if len(self.pools) <= 16 else 1
         for pool in self.pools.values():
             status = target_status(
                 name=pool.key, phase=pool.phase, budget=self.spec.budget.trials_per_target,
