@@ -2,6 +2,10 @@
 
 Only a daemon and raw event handlers are used: no change handlers, so kopf writes no
 diff-base or progress annotations into users' objects (GitOps tools see no drift).
+
+The event handlers are coroutines: they run on the event loop, where the daemons' wake-up
+events live (an ``asyncio.Event`` set from kopf's handler threads would not wake the loop),
+and they only note what changed. Job events also feed the Jobs cache the runs list from.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import kopf
 
 from fleettune import GROUP, PLURAL, VERSION, metrics
-from fleettune.controller.kube import Kube
+from fleettune.controller.kube import Kube, WatchCache
 from fleettune.controller.tuner import RunLoop
 from fleettune.fingerprint import relevant_labels
 from fleettune.jobs import MANAGED_BY
@@ -24,6 +28,9 @@ FINISHED_WAKEUP_S = 300.0
 
 _wakers: dict[str, asyncio.Event] = {}
 _kube: Kube | None = None
+# Fed by job_event (whose filter is the managed-by label) and node_event below.
+_jobs = WatchCache(required={MANAGED_BY: "fleettune"})
+_nodes = WatchCache()
 # Node label changes that matter (driver upgrades, cordons, new or lost nodes) bump the
 # epoch; runs re-read the nodes only then (or when their copy is old).
 _nodes_seen: dict[str, tuple[dict[str, str], bool]] = {}
@@ -33,7 +40,7 @@ _node_epoch = 0
 def kube() -> Kube:
     global _kube
     if _kube is None:
-        _kube = Kube()
+        _kube = Kube(job_cache=_jobs, node_cache=_nodes, background_deletes=True)
     return _kube
 
 
@@ -59,14 +66,16 @@ def _wake(uid: str | None) -> None:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={MANAGED_BY: "fleettune"})
-def job_event(body: kopf.Body, **_: Any) -> None:
+async def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    _jobs.observe(event.get("type"), event.get("object") or {})
     for owner in body.metadata.get("ownerReferences") or []:
         _wake(owner.get("uid"))
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
+async def node_event(name: str, event: dict[str, Any], body: kopf.Body, type: str | None, **_: Any) -> None:
     global _node_epoch
+    _nodes.observe(type, event.get("object") or {})  # before the epoch moves: runs re-read from it
     seen = None if type == "DELETED" else (relevant_labels(body.metadata.labels or {}),
                                            bool(body.spec.get("unschedulable")))
     if _nodes_seen.get(name) == seen:
@@ -81,7 +90,7 @@ def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def run_event(uid: str, name: str, namespace: str, type: str | None, **_: Any) -> None:
+async def run_event(uid: str, name: str, namespace: str, type: str | None, **_: Any) -> None:
     if type == "DELETED":
         metrics.forget_run(namespace, name)
     _wake(uid)

@@ -2,11 +2,32 @@
 
 Calls are made from worker threads (never on kopf's event loop). Lists are read raw
 (`_preload_content=False`) to skip the client's slow model deserialisation.
+
+Jobs and nodes can be served from a :class:`WatchCache` fed by the operator's own watches
+(kopf's Job and node events): every run lists its Jobs on every step and the nodes every
+few seconds, which at fleet scale is most of the operator's API traffic and JSON parsing.
+The cache is kept honest by what the operator does itself (the Jobs it creates and deletes
+are entered at once), by the watch, and by a real list of each selector at least every
+``resync_s`` seconds, which also replaces whatever a broken watch missed. Anything it
+cannot answer exactly (a selector that is not plain ``key=value`` terms, a watch that has
+not delivered anything yet) is a real list.
+
+With ``background_deletes``, ``delete_job`` hands the deletion to a few background threads
+and returns at once (the Job is already out of the cache): a run reacts to a finished trial
+without waiting for the apiserver to delete the trials before it. A deletion that fails is
+logged and the Job put back on the next list, where the run finds it and deletes it again.
+Only a few deletions may wait at a time: past that, ``delete_job`` deletes in the caller's
+thread, so that a slow apiserver slows the runs down instead of piling up finished Jobs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
@@ -15,18 +36,189 @@ from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
 
+log = logging.getLogger(__name__)
+
+# Connections kept per apiserver: as many as the worker threads that may call at once,
+# so that concurrent steps do not open (and TLS-handshake) throw-away connections.
+POOL_CONNECTIONS = 32
+
 
 def load_api_client() -> client.ApiClient:
+    cfg = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=cfg)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, POOL_CONNECTIONS)
+    return client.ApiClient(cfg)
+
+
+def parse_selector(selector: str) -> dict[str, str] | None:
+    """``k=v,k2==v2`` as a dict; None for anything else (set-based terms, ``!=``, existence)."""
+    out: dict[str, str] = {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!" in term or "(" in term or " " in term:
+            return None
+        key, sep, value = term.partition("==") if "==" in term else term.partition("=")
+        if not sep or not key or "=" in value:
+            return None
+        out[key] = value
+    return out
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(raw) if isinstance(raw, str) and raw.isdigit() else None
+
+
+def _newer(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """Whether ``new`` is at least as recent as ``old`` (unknown versions: trust the newcomer)."""
+    a, b = _rv(new), _rv(old)
+    return a is None or b is None or a >= b
+
+
+class WatchCache:
+    """Objects by namespace ("" when cluster-scoped) and name, as last seen on the watch, in a
+    list, or as written by us.
+
+    Thread-safe: fed from the event loop (watch events) and read from worker threads.
+    Returned bodies are shared: callers must not modify them.
+    """
+
+    # How long an object deleted by us (or seen deleted) is kept out of the cache: events
+    # already in flight for it must not bring it back.
+    TOMBSTONE_S = 300.0
+
+    def __init__(self, required: Mapping[str, str] | None = None, resync_s: float = 30.0) -> None:
+        # Labels every Job fed to the cache carries (the watch's filter): only selectors
+        # that imply them can be answered from it.
+        self.required = dict(required or {})
+        self.resync_s = resync_s
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict[str, dict[str, Any]]] = {}
+        self._gone: dict[str, float] = {}  # uid -> when it was deleted
+        self._listed: dict[tuple[str, str], float] = {}  # (namespace, selector) -> last real list
+        self.events = 0  # watch events seen: until the first, the cache is not used
+        self.hits = 0
+        self.lists = 0
+
+    # ---------------------------------------------------------------- feeding
+    def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, or None for kopf's initial listing)."""
+        meta = obj.get("metadata") or {}
+        ns, name, uid = meta.get("namespace") or "", meta.get("name"), meta.get("uid")
+        if not name:
+            return
+        with self._lock:
+            self.events += 1
+            if event_type == "DELETED":
+                self._forget(ns, name, uid)
+                return
+            self._put(ns, name, uid, obj)
+
+    def created(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if meta.get("name"):
+            with self._lock:
+                self._put(meta.get("namespace") or "", meta["name"], meta.get("uid"), obj)
+
+    def deleted(self, namespace: str, name: str) -> str | None:
+        """Out of the cache at once (we deleted it); returns its uid, if it was cached."""
+        with self._lock:
+            return self._forget(namespace, name, None)
+
+    def undelete(self, namespace: str, uid: str | None) -> None:
+        """A deletion of ours failed: let the next real list bring the object back."""
+        with self._lock:
+            if uid:
+                self._gone.pop(uid, None)
+            for key in [k for k in self._listed if k[0] == namespace]:
+                del self._listed[key]
+
+    def _put(self, ns: str, name: str, uid: str | None, obj: Mapping[str, Any]) -> None:
+        if uid is not None and uid in self._gone:
+            return
+        jobs = self._jobs.setdefault(ns, {})
+        old = jobs.get(name)
+        if old is not None and old.get("metadata", {}).get("uid") == uid and not _newer(obj, old):
+            return
+        jobs[name] = dict(obj)
+
+    def _forget(self, ns: str, name: str, uid: str | None) -> str | None:
+        jobs = self._jobs.get(ns, {})
+        old = jobs.get(name)
+        if old is not None and (uid is None or old.get("metadata", {}).get("uid") == uid):
+            uid = uid or old.get("metadata", {}).get("uid")
+            del jobs[name]
+        if uid:
+            now = time.monotonic()
+            self._gone[uid] = now
+            if len(self._gone) > 4096:
+                self._gone = {u: t for u, t in self._gone.items() if now - t < self.TOMBSTONE_S}
+        return uid
+
+    # ---------------------------------------------------------------- reading
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._jobs.get(namespace, {}).get(name)
+
+    def fresh(self, namespace: str, selector: str) -> bool:
+        with self._lock:
+            last = self._listed.get((namespace, selector))
+            return self.events > 0 and last is not None and time.monotonic() - last < self.resync_s
+
+    def select(self, namespace: str, selector: str) -> list[dict[str, Any]] | None:
+        """The cached objects matching an equality selector; None when a real list is due."""
+        wanted = parse_selector(selector)
+        if (wanted is None or any(wanted.get(k) != v for k, v in self.required.items())
+                or not self.fresh(namespace, selector)):
+            return None
+        with self._lock:
+            self.hits += 1
+            items = list(self._jobs.get(namespace, {}).values())
+        return [j for j in items
+                if all((j.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
+
+    def listed(self, namespace: str, selector: str, items: list[dict[str, Any]], list_rv: str | None,
+               started: float) -> None:
+        """A real list's result: authoritative for the selector as of its resourceVersion."""
+        wanted = parse_selector(selector)
+        if wanted is None:
+            return
+        snapshot = int(list_rv) if list_rv and list_rv.isdigit() else None
+        with self._lock:
+            self.lists += 1
+            jobs = self._jobs.setdefault(namespace, {})
+            names = set()
+            for item in items:
+                meta = item.get("metadata") or {}
+                names.add(meta.get("name"))
+                self._put(namespace, meta.get("name"), meta.get("uid"), item)
+            for name, job in list(jobs.items()):
+                labels = job.get("metadata", {}).get("labels") or {}
+                if name in names or any(labels.get(k) != v for k, v in wanted.items()):
+                    continue
+                rv = _rv(job)
+                # Missing from the list: gone, unless it changed after the list was taken.
+                if snapshot is None or rv is None or rv <= snapshot:
+                    del jobs[name]
+            self._listed[(namespace, selector)] = started
+
+
+JobCache = WatchCache
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient | None = None) -> None:
+    DELETERS = 8  # background deletion threads
+
+    def __init__(self, api: client.ApiClient | None = None, job_cache: WatchCache | None = None,
+                 node_cache: WatchCache | None = None, background_deletes: bool = False) -> None:
         self.api = api or load_api_client()
+        self.job_cache = job_cache
+        self.node_cache = node_cache
+        self._deleter = (ThreadPoolExecutor(max_workers=self.DELETERS, thread_name_prefix="fleettune-delete")
+                         if background_deletes and job_cache is not None else None)
+        self._deleting = threading.BoundedSemaphore(2 * self.DELETERS)
 
     @cached_property
     def core(self) -> client.CoreV1Api:
@@ -45,34 +237,114 @@ class Kube:
         return json.loads(resp.data)["items"]
 
     def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self._items(
-            self.batch.list_namespaced_job(namespace, label_selector=selector, _preload_content=False)
+        """The Jobs matching ``selector``: from the watch-fed cache when it is fresh, else a real list.
+
+        The bodies may be shared with the cache: do not modify them.
+        """
+        cache = self.job_cache
+        if cache is not None:
+            cached = cache.select(namespace, selector)
+            if cached is not None:
+                return cached
+        started = time.monotonic()
+        raw = json.loads(
+            self.batch.list_namespaced_job(namespace, label_selector=selector, _preload_content=False).data
         )
+        items = raw["items"]
+        if cache is not None:
+            cache.listed(namespace, selector, items, (raw.get("metadata") or {}).get("resourceVersion"), started)
+        return items
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching ``selector``.
+
+        For the Pods of one Job we have cached (``batch.kubernetes.io/job-name=NAME``), the
+        list need only be as new as that Job: the Job controller wrote the Job's status after
+        it saw those Pods' states. The apiserver then answers from its watch cache at once,
+        instead of first waiting for the cache to catch up with etcd.
+        """
+        rv = self._job_rv(namespace, selector)
+        if rv is not None:
+            try:
+                return self._items(self.core.list_namespaced_pod(
+                    namespace, label_selector=selector, resource_version=rv,
+                    resource_version_match="NotOlderThan", _preload_content=False))
+            except ApiException as exc:
+                if exc.status not in (410, 504):  # compacted / cache too far behind: a plain list
+                    raise
         return self._items(
             self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         )
 
+    def _job_rv(self, namespace: str, selector: str) -> str | None:
+        cache = self.job_cache
+        wanted = parse_selector(selector)
+        if cache is None or wanted is None or set(wanted) != {"batch.kubernetes.io/job-name"}:
+            return None
+        job = cache.get(namespace, wanted["batch.kubernetes.io/job-name"])
+        rv = (job or {}).get("metadata", {}).get("resourceVersion")
+        return rv if isinstance(rv, str) and rv.isdigit() else None
+
     def list_nodes(self, selector: str) -> list[dict[str, Any]]:
-        return self._items(self.core.list_node(label_selector=selector, _preload_content=False))
+        """The nodes matching ``selector``: from the watch-fed cache when it is fresh, else a real list.
+
+        The bodies may be shared with the cache: do not modify them.
+        """
+        cache = self.node_cache
+        if cache is not None:
+            cached = cache.select("", selector)
+            if cached is not None:
+                return cached
+        started = time.monotonic()
+        raw = json.loads(self.core.list_node(label_selector=selector, _preload_content=False).data)
+        items = raw["items"]
+        if cache is not None:
+            cache.listed("", selector, items, (raw.get("metadata") or {}).get("resourceVersion"), started)
+        return items
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a Job; False if it already exists (a restarted operator adopting its work)."""
         try:
-            self.batch.create_namespaced_job(namespace, body)
+            resp = self.batch.create_namespaced_job(namespace, body, _preload_content=False)
         except ApiException as exc:
             if exc.status == 409:
                 return False
             raise
+        if self.job_cache is not None:
+            self.job_cache.created(json.loads(resp.data))
         return True
 
     def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and its Pods (gone already is fine); in the background with ``background_deletes``."""
+        if self._deleter is not None and self.job_cache is not None and self._deleting.acquire(blocking=False):
+            uid = self.job_cache.deleted(namespace, name)
+            try:
+                self._deleter.submit(self._delete_in_background, namespace, name, uid)
+            except RuntimeError:  # shut down: delete here
+                self._deleting.release()
+                self._delete_job(namespace, name)
+            return
+        self._delete_job(namespace, name)
+        if self.job_cache is not None:
+            self.job_cache.deleted(namespace, name)
+
+    def _delete_job(self, namespace: str, name: str) -> None:
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
+                                             _preload_content=False)
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def _delete_in_background(self, namespace: str, name: str, uid: str | None) -> None:
+        try:
+            self._delete_job(namespace, name)
+        except Exception as exc:  # the next list shows the Job again, and its run deletes it again
+            log.warning("deleting Job %s/%s failed, will retry: %s", namespace, name, str(exc)[:200])
+            assert self.job_cache is not None
+            self.job_cache.undelete(namespace, uid)
+        finally:
+            self._deleting.release()
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
         try:

@@ -11,16 +11,22 @@ would see on a real GPU node. Pods on real nodes are never touched.
 
 kwok must not load its ``pod-complete`` stage (it would complete the Pod first, with exit 0
 and no message); ``fleettune cluster up`` does not load it.
+
+API calls (reading a Pod's node when it starts, writing its result when it ends) run on a
+small pool of worker threads, so that a fleet of hundreds of GPUs is answered on time even
+when every call waits tens of milliseconds on a busy apiserver.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -86,7 +92,8 @@ class FleetSimulator:
     """
 
     def __init__(self, kubeconfig: Path | str, fleet: Fleet, time_scale: float = 1.0, seed: int = 0, *,
-                 compile_s: float = DEFAULT_COMPILE_S, label_selector: str = MANAGED_SELECTOR) -> None:
+                 compile_s: float = DEFAULT_COMPILE_S, label_selector: str = MANAGED_SELECTOR,
+                 workers: int = 16) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self.kubeconfig = Path(kubeconfig)
@@ -99,7 +106,12 @@ class FleetSimulator:
         self.outcomes: Counter[str] = Counter()
         self.ignored = 0
         self.errors: list[str] = []
+        self.workers = max(1, workers)
         self._seen: set[str] = set()
+        self._starting: set[str] = set()  # Pods whose node is being read
+        self._local = threading.local()
+        self._answering = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self._heap: list[_Due] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -112,6 +124,7 @@ class FleetSimulator:
         if self._threads:
             return self
         self._stop.clear()
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fleettune-sim-api")
         self._threads = [
             threading.Thread(target=self._watch_loop, name="fleettune-sim-watch", daemon=True),
             threading.Thread(target=self._complete_loop, name="fleettune-sim-complete", daemon=True),
@@ -127,6 +140,9 @@ class FleetSimulator:
         for t in self._threads:
             t.join(timeout)
         self._threads = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self) -> FleetSimulator:
         return self.start()
@@ -157,6 +173,22 @@ class FleetSimulator:
         # One client per thread: ApiClient is not meant to be shared between threads.
         return client.CoreV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
 
+    def _worker_api(self) -> Any:
+        api = getattr(self._local, "api", None)
+        if api is None:
+            api = self._local.api = self._api()
+        return api
+
+    def _submit(self, fn: Any, *args: Any) -> bool:
+        pool = self._pool
+        if pool is None or self._stop.is_set():
+            return False
+        try:
+            pool.submit(fn, *args)
+        except RuntimeError:  # shut down meanwhile
+            return False
+        return True
+
     def _record_error(self, msg: str) -> None:
         log.warning("%s", msg)
         self.errors = [*self.errors[-49:], msg]
@@ -173,7 +205,7 @@ class FleetSimulator:
                     pods = core.list_pod_for_all_namespaces(label_selector=self.label_selector,
                                                             _request_timeout=30)
                     for pod in pods.items:
-                        self._consider(core, pod)
+                        self._consider(None, pod)
                     rv = pods.metadata.resource_version
                 w = watch.Watch()
                 # Short server-side timeouts keep stop() prompt; resuming from rv loses nothing.
@@ -189,7 +221,7 @@ class FleetSimulator:
                     pod = ev["object"]
                     rv = pod.metadata.resource_version
                     if ev["type"] in ("ADDED", "MODIFIED"):
-                        self._consider(core, pod)
+                        self._consider(None, pod)
                     if self._stop.is_set():
                         w.stop()
                         break
@@ -204,35 +236,72 @@ class FleetSimulator:
                 self._stop.wait(1.0)
 
     def _consider(self, core: Any, pod: Any) -> None:
-        from kubernetes.client import ApiException
+        """A Pod event: a Pod newly Running gets its node read and its answer scheduled.
 
+        With ``core`` (a CoreV1Api) the work is done in the calling thread; without, on the
+        worker pool (the watch thread must not wait on the API).
+        """
         uid = pod.metadata.uid
         if (uid in self._seen or pod.metadata.deletion_timestamp is not None
                 or not pod.spec.node_name or (pod.status.phase or "") != "Running"):
             return
+        if core is not None:
+            self._start(core, pod)
+            return
+        with self._cv:
+            if uid in self._starting:
+                return
+            self._starting.add(uid)
+        if not self._submit(self._start_on_worker, pod):
+            with self._cv:
+                self._starting.discard(uid)
+
+    def _start_on_worker(self, pod: Any) -> None:
         try:
-            node = core.read_node(pod.spec.node_name, _request_timeout=10)
+            self._start(self._worker_api(), pod)
+        except Exception as exc:  # a bug must not kill the pool's thread silently
+            self._record_error(f"starting {pod.metadata.namespace}/{pod.metadata.name}: {type(exc).__name__}: {exc}")
+        finally:
+            with self._cv:
+                self._starting.discard(pod.metadata.uid)
+
+    def _start(self, core: Any, pod: Any) -> None:
+        from kubernetes.client import ApiException
+
+        uid = pod.metadata.uid
+        if uid in self._seen:
+            return
+        try:
+            # Raw: only the annotations and labels are needed, not the client's models.
+            resp = core.read_node(pod.spec.node_name, _request_timeout=10, _preload_content=False)
+            node: dict[str, Any] | None = json.loads(resp.data)
         except ApiException as exc:
             if exc.status != 404:
                 # One pod must not stall the others: note it, retry on its next event.
                 self._record_error(f"reading node {pod.spec.node_name}: HTTP {exc.status} {exc.reason}")
                 return
             node = None  # a pod bound to a node that is gone: nobody's GPU, leave it to pod GC
-        if node is None or (node.metadata.annotations or {}).get(KWOK_ANNOTATION) != "fake":
-            self._seen.add(uid)
-            self.ignored += 1
+        meta = (node or {}).get("metadata") or {}
+        if node is None or (meta.get("annotations") or {}).get(KWOK_ANNOTATION) != "fake":
+            with self._cv:
+                if uid not in self._seen:
+                    self._seen.add(uid)
+                    self.ignored += 1
             return
-        labels = dict(node.metadata.labels or {})
+        labels = dict(meta.get("labels") or {})
         try:
-            answer = self.answer(pod, labels)
+            with self._answering:  # the models (and their noise generators) are not shared between threads
+                answer = self.answer(pod, labels)
         except Exception as exc:  # a bug or an unreadable recording: fail this trial, not the loop
             self._record_error(f"answering {pod.metadata.namespace}/{pod.metadata.name}: {exc!r}")
             answer = infra(f"internal error: {exc!r}")
-        self._seen.add(uid)
         due = _Due(at=time.monotonic() + answer.duration_s * self.time_scale, seq=next(self._seq),
                    namespace=pod.metadata.namespace, name=pod.metadata.name, uid=uid,
                    node=pod.spec.node_name, answer=answer, trial=_trial_id(pod))
         with self._cv:
+            if uid in self._seen:
+                return
+            self._seen.add(uid)
             heapq.heappush(self._heap, due)
             self._cv.notify_all()
 
@@ -276,7 +345,7 @@ class FleetSimulator:
         return self._models[key]
 
     def _complete_loop(self) -> None:
-        core = self._api()
+        """Hand each due Pod to the worker pool the moment its trial ends."""
         while not self._stop.is_set():
             with self._cv:
                 while not self._stop.is_set() and (not self._heap or self._heap[0].at > time.monotonic()):
@@ -285,15 +354,20 @@ class FleetSimulator:
                 if self._stop.is_set():
                     return
                 due = heapq.heappop(self._heap)
-            try:
-                self._complete(core, due)
-            except Exception as exc:  # keep trying while the apiserver restarts
-                self._record_error(f"completing {due.namespace}/{due.name}: {type(exc).__name__}: {exc}")
-                if due.tries < 30:
-                    due.tries += 1
-                    due.at = time.monotonic() + 1.0
-                    with self._cv:
-                        heapq.heappush(self._heap, due)
+            if not self._submit(self._complete_on_worker, due):
+                return
+
+    def _complete_on_worker(self, due: _Due) -> None:
+        try:
+            self._complete(self._worker_api(), due)
+        except Exception as exc:  # keep trying while the apiserver restarts
+            self._record_error(f"completing {due.namespace}/{due.name}: {type(exc).__name__}: {exc}")
+            if due.tries < 30:
+                due.tries += 1
+                due.at = time.monotonic() + 1.0
+                with self._cv:
+                    heapq.heappush(self._heap, due)
+                    self._cv.notify_all()
 
     def _complete(self, core: Any, due: _Due) -> None:
         from kubernetes.client import ApiException

@@ -1,0 +1,187 @@
+"""The watch-fed Jobs cache behind ``Kube.list_jobs`` (no cluster: a fake BatchV1Api)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleettune.controller.kube import JobCache, Kube, parse_selector
+
+MANAGED = {"app.kubernetes.io/managed-by": "fleettune"}
+SEL_A = "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run=a"
+
+
+def job(name: str, run: str = "a", rv: int = 1, uid: str | None = None, done: bool = False) -> dict[str, Any]:
+    status = {"conditions": [{"type": "Complete", "status": "True"}]} if done else {"active": 1}
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}", "resourceVersion": str(rv),
+                         "labels": {**MANAGED, "fleettune.dev/run": run}}, "status": status}
+
+
+class _Resp:
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.data = json.dumps(payload).encode()
+
+
+class FakeBatch:
+    """What the apiserver holds; counts the real lists."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.rv = 100
+        self.lists = 0
+
+    def list_namespaced_job(self, namespace: str, label_selector: str, _preload_content: bool) -> _Resp:
+        self.lists += 1
+        want = parse_selector(label_selector) or {}
+        items = [j for j in self.jobs.values()
+                 if all(j["metadata"]["labels"].get(k) == v for k, v in want.items())]
+        return _Resp({"metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any], _preload_content: bool) -> _Resp:
+        self.rv += 1
+        obj = json.loads(json.dumps(body))
+        obj["metadata"].update(namespace=namespace, uid=f"uid-{body['metadata']['name']}",
+                               resourceVersion=str(self.rv))
+        self.jobs[obj["metadata"]["name"]] = obj
+        return _Resp(obj)
+
+    def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str,
+                              _preload_content: bool) -> None:
+        self.jobs.pop(name, None)
+
+
+def kube_with(cache: JobCache) -> tuple[Kube, FakeBatch]:
+    k = Kube(api=object(), job_cache=cache)  # type: ignore[arg-type]
+    fake = FakeBatch()
+    k.__dict__["batch"] = fake  # cached_property slot
+    return k, fake
+
+
+def names(items: list[dict[str, Any]]) -> list[str]:
+    return sorted(i["metadata"]["name"] for i in items)
+
+
+def test_parse_selector() -> None:
+    assert parse_selector("a=b,c==d") == {"a": "b", "c": "d"}
+    assert parse_selector("") == {}
+    for bad in ("a!=b", "a in (b)", "a", "!a"):
+        assert parse_selector(bad) is None
+
+
+def test_real_list_until_the_watch_has_spoken_then_the_cache() -> None:
+    cache = JobCache(required=MANAGED, resync_s=60)
+    k, api = kube_with(cache)
+    api.jobs["j1"] = job("j1", rv=5)
+    assert names(k.list_jobs("ns", SEL_A)) == ["j1"]
+    assert names(k.list_jobs("ns", SEL_A)) == ["j1"]
+    assert api.lists == 2  # no watch event yet: every call is a real list
+    cache.observe("MODIFIED", job("j1", rv=6, done=True))
+    assert names(k.list_jobs("ns", SEL_A)) == ["j1"]
+    assert api.lists == 2
+    assert "conditions" in k.list_jobs("ns", SEL_A)[0]["status"]
+
+
+def test_own_creates_and_deletes_show_at_once_and_stale_events_do_not_resurrect() -> None:
+    cache = JobCache(required=MANAGED, resync_s=60)
+    k, api = kube_with(cache)
+    cache.observe(None, job("other", run="b"))
+    k.list_jobs("ns", SEL_A)  # the authoritative first list
+    body = job("j2")
+    del body["metadata"]["uid"], body["metadata"]["resourceVersion"]
+    assert k.create_job("ns", body)
+    assert names(k.list_jobs("ns", SEL_A)) == ["j2"]
+    done = job("j2", rv=api.rv + 1, done=True)
+    cache.observe("MODIFIED", done)
+    k.delete_job("ns", "j2")
+    assert k.list_jobs("ns", SEL_A) == []
+    cache.observe("MODIFIED", done)  # an event already in flight when we deleted it
+    assert k.list_jobs("ns", SEL_A) == []
+    cache.observe("DELETED", done)
+    assert k.list_jobs("ns", SEL_A) == []
+    assert api.lists == 1
+
+
+def test_older_events_do_not_overwrite_newer_state() -> None:
+    cache = JobCache(required=MANAGED, resync_s=60)
+    cache.observe("MODIFIED", job("j", rv=10, done=True))
+    cache.observe("MODIFIED", job("j", rv=9))
+    cache.listed("ns", SEL_A, [job("j", rv=8)], "8", 0.0)
+    assert cache._jobs["ns"]["j"]["metadata"]["resourceVersion"] == "10"
+
+
+def test_resync_drops_what_a_broken_watch_missed_but_keeps_newer_jobs() -> None:
+    cache = JobCache(required=MANAGED, resync_s=0.0)  # every call a real list
+    k, api = kube_with(cache)
+    cache.observe("ADDED", job("ghost", rv=3))  # deleted while the watch was down
+    cache.observe("ADDED", job("new", rv=200))  # created after the list's snapshot
+    api.jobs["kept"] = job("kept", rv=50)
+    assert names(k.list_jobs("ns", SEL_A)) == ["kept"]
+    assert sorted(cache._jobs["ns"]) == ["kept", "new"]
+
+
+def test_selectors_the_cache_cannot_answer_are_real_lists() -> None:
+    cache = JobCache(required=MANAGED, resync_s=60)
+    k, api = kube_with(cache)
+    cache.observe("ADDED", job("j"))
+    for sel in ("fleettune.dev/run=a", "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run!=a"):
+        k.list_jobs("ns", sel)
+        k.list_jobs("ns", sel)
+    assert api.lists == 4
+
+
+def test_no_cache_is_the_plain_list() -> None:
+    k = Kube(api=object())  # type: ignore[arg-type]
+    fake = FakeBatch()
+    k.__dict__["batch"] = fake
+    fake.jobs["j"] = job("j")
+    assert names(k.list_jobs("ns", SEL_A)) == ["j"]
+    assert k.create_job("ns", {"metadata": {"name": "k", "labels": dict(MANAGED)}})
+    k.delete_job("ns", "k")
+    assert fake.lists == 1
+
+
+def test_background_delete_hides_the_job_at_once_and_a_failed_one_comes_back() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    cache = JobCache(required=MANAGED, resync_s=60)
+    k = Kube(api=object(), job_cache=cache, background_deletes=True)  # type: ignore[arg-type]
+    fake = FakeBatch()
+    k.__dict__["batch"] = fake
+    fake.jobs["j"] = job("j", rv=5, done=True)
+    cache.observe("ADDED", job("j", rv=5, done=True))
+    k.list_jobs("ns", SEL_A)
+    k.delete_job("ns", "j")
+    assert k.list_jobs("ns", SEL_A) == []
+    k._deleter.shutdown(wait=True)  # type: ignore[union-attr]
+    assert "j" not in fake.jobs
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise ApiException(status=503, reason="unavailable")
+
+    fake.jobs["k"] = job("k", rv=7, done=True)
+    cache.observe("ADDED", job("k", rv=7, done=True))
+    fake.delete_namespaced_job = refuse  # type: ignore[method-assign]
+    k = Kube(api=object(), job_cache=cache, background_deletes=True)  # type: ignore[arg-type]
+    k.__dict__["batch"] = fake
+    k.delete_job("ns", "k")
+    k._deleter.shutdown(wait=True)  # type: ignore[union-attr]
+    assert names(k.list_jobs("ns", SEL_A)) == ["k"]  # back, from a real list: its run deletes it again
+
+
+def test_pods_of_a_cached_job_are_listed_no_older_than_the_job() -> None:
+    calls: list[dict[str, Any]] = []
+
+    class FakeCore:
+        def list_namespaced_pod(self, namespace: str, **kw: Any) -> _Resp:
+            calls.append(kw)
+            return _Resp({"metadata": {}, "items": [{"metadata": {"name": "p"}}]})
+
+    cache = JobCache(required=MANAGED, resync_s=60)
+    k = Kube(api=object(), job_cache=cache)  # type: ignore[arg-type]
+    k.__dict__["core"] = FakeCore()
+    cache.observe("MODIFIED", job("j", rv=42, done=True))
+    assert k.list_pods("ns", "batch.kubernetes.io/job-name=j")[0]["metadata"]["name"] == "p"
+    assert calls[-1]["resource_version"] == "42" and calls[-1]["resource_version_match"] == "NotOlderThan"
+    k.list_pods("ns", "batch.kubernetes.io/job-name=unknown")
+    k.list_pods("ns", "app=x")
+    assert all("resource_version" not in c for c in calls[1:])
