@@ -267,7 +267,6 @@ def test_deployment_args_are_accepted_by_the_operator_cli(
         return asyncio.sleep(0)
 
     monkeypatch.setattr(kopf, "operator", fake_operator)
-    monkeypatch.setattr(asyncio, "run", lambda coro: coro.close())
     from fleettune import metrics
 
     served: list[tuple[Any, ...]] = []
