@@ -55,6 +55,10 @@ DEFAULTS: dict[str, Any] = {
     # residual GP of this pool's own data, which can learn that one parameter matters
     # differently here (a task column can only scale all of the prior's information).
     "warm_model": "residual",
+    # Warm start: every ``warm_cold_every``-th evaluation (0: never) is chosen by a cold
+    # model of this pool's data alone, so that a prior that leads to the wrong region
+    # costs at most that share of a cold run's speed instead of the whole budget.
+    "warm_cold_every": 0,
 }
 
 
@@ -78,6 +82,7 @@ class BayesOpt(Strategy):
         self._xc = torch.as_tensor(candidates.x)
         self._xfc = torch.as_tensor(candidates.xf)
         self._prior: tuple[int, Posterior, float, float] | None = None
+        self._cold: BayesOpt | None = None
         self._prior_cand: torch.Tensor | None = None
 
     # -- model ------------------------------------------------------------------------
@@ -199,6 +204,11 @@ class BayesOpt(Strategy):
         if int(history.feasible.sum()) < 2:
             return self._design(n, history, pending, available, rng)
         seeds = self._prior_seeds(history, pending, available) if has_prior else np.zeros(0, dtype=np.int64)
+        every = int(self.options["warm_cold_every"])
+        if has_prior and len(seeds) == 0 and every > 0 and (n_current + len(pending)) % every == every - 1:
+            if self._cold is None:
+                self._cold = BayesOpt(self.candidates, self.seed, self.options)
+            return self._cold.propose(n, history.subset(current), pending, available)
         if len(seeds) >= n:
             return seeds[:n]
         rest = available.copy()

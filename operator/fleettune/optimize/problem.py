@@ -133,6 +133,18 @@ class History:
             task=self.task[:m],
         )
 
+    def subset(self, mask: np.ndarray) -> History:
+        rows = np.flatnonzero(mask)
+        return History(
+            x=self.x[rows],
+            xf=self.xf[rows],
+            cand=self.cand[rows],
+            value=self.value[rows],
+            noise=self.noise[rows],
+            outcome=[self.outcome[i] for i in rows],
+            task=self.task[rows],
+        )
+
     def append(
         self, x: np.ndarray, xf: np.ndarray, cand: int, value: float, noise: float, outcome: Outcome, task: int
     ) -> None:

@@ -220,3 +220,21 @@ def test_residual_warm_start_learns_what_changed(space, optimum):
         value = study.history.value[i]
         again.observe(config, study.history.outcome[i], None if np.isnan(value) else value)
     assert again.suggest(3) == study.suggest(3)
+
+
+def test_warm_cold_turns_ignore_the_prior(space):
+    """With warm_cold_every=k, every k-th evaluation is what a cold study with the same
+    seed would suggest from this pool's observations alone."""
+    configs = space.to_configs(space.enumerate())
+    rng = np.random.default_rng(2)
+    prior = [(c, *evaluate(c)) for c in (configs[i] for i in rng.choice(len(configs), 40, replace=False))]
+    opts = {**FAST, "warm_cold_every": 2}
+    warm = Study(space, seed=5, prior=prior, options=opts)
+    cold = Study(space, seed=5, options=opts)
+    for i in range(8):
+        (c,) = warm.suggest(1)
+        if i % 2 == 1 and i >= 3:  # a cold turn (after the prior_top re-measurements)
+            assert cold.suggest(1) == [c]
+        outcome = evaluate(c)
+        warm.observe(c, *outcome)
+        cold.observe(c, *outcome)
