@@ -238,3 +238,26 @@ def test_warm_cold_turns_ignore_the_prior(space):
         outcome = evaluate(c)
         warm.observe(c, *outcome)
         cold.observe(c, *outcome)
+
+
+def test_hamming_moves_and_scan_agree(space):
+    """Generated-and-looked-up moves (the fast path) and the full scan (used when there
+    would be more moves than candidates) find the same neighbours."""
+    from fleettune.optimize import problem
+    from fleettune.optimize.problem import Candidates
+
+    rows = space.enumerate()
+    cands = Candidates(rows, space.encode(rows))
+    centres = rows[[0, len(rows) // 3, len(rows) - 1]]
+    for radius in (1, 2):
+        fast = cands.hamming_neighbours(centres, radius=radius)
+        assert problem._moves(centres, cands._radix, radius, limit=len(rows)) is not None
+        d = (rows[:, None, :] != centres[None]).sum(-1)
+        assert np.array_equal(fast, np.flatnonzero(((d >= 1) & (d <= radius)).any(1)))
+    few = rows[np.linspace(0, len(rows) - 1, 40).astype(int)]
+    small = Candidates(few, space.encode(few))  # more moves than candidates: the scan
+    for radius in (1, 2):
+        assert problem._moves(few[:3], small._radix, radius, limit=len(few)) is None
+        d = (few[:, None, :] != few[None, :3]).sum(-1)
+        expected = np.flatnonzero(((d >= 1) & (d <= radius)).any(1))
+        assert np.array_equal(small.hamming_neighbours(few[:3], radius=radius, chunk=7), expected)
