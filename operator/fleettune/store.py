@@ -102,8 +102,11 @@ class ResultsStore:
             batch, pending = pending[:room], pending[room:]
             try:
                 self._write(shard, shard.records + batch)
-            except ApiException as exc:
-                if exc.status not in (409, 404):
+            except Exception as exc:
+                if not isinstance(exc, ApiException) or exc.status not in (409, 404):
+                    # Not stored (as far as we know: a write that landed anyway shows up as a
+                    # conflict next time): these records must be offered again, or the Jobs
+                    # they came from would be deleted with their results unrecorded.
                     self._ids.difference_update(record_id(r) for r in batch + pending)
                     raise
                 # Someone else wrote (an older operator instance?): reload, then retry what is missing.

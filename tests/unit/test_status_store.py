@@ -92,3 +92,32 @@ def test_status_stays_small_at_the_spec_limits_on_sizes_and_predictions():
     size = len(json.dumps(status.model_dump(by_alias=True, exclude_none=True, mode="json")))
     assert all(t.best is not None and not t.top for t in status.targets)
     assert size < 48 * 1024, size
+
+
+def test_a_write_lost_to_a_connection_error_leaves_the_records_to_be_offered_again():
+    from types import SimpleNamespace
+
+    import pytest
+    from urllib3.exceptions import MaxRetryError
+
+    from fleettune.store import ResultsStore
+
+    class FlakyCore:  # the apiserver goes away for one write (the store's own logic is under test)
+        def __init__(self):
+            self.fail, self.written = True, []
+
+        def create_namespaced_config_map(self, namespace, body):
+            if self.fail:
+                self.fail = False
+                raise MaxRetryError(None, "/api/v1/namespaces/ns/configmaps", "connection refused")
+            self.written.append(body)
+            return SimpleNamespace(metadata=SimpleNamespace(resource_version="1"))
+
+    core = FlakyCore()
+    store = ResultsStore(core, "ns", "run", "uid")
+    rec = _rec(0, objective=1.0)
+    with pytest.raises(MaxRetryError):
+        store.append([rec])
+    assert (rec.generation, rec.target, rec.index) not in store and store.records == []
+    assert store.append([rec]) == [rec]
+    assert (rec.generation, rec.target, rec.index) in store and len(core.written) == 1

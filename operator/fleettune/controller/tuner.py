@@ -125,6 +125,9 @@ class RunLoop:
         self.nodes: dict[str, Node] = {}
         self.nodes_read: tuple[int, float] | None = None
         self.tracked_keys: set[str] = set()
+        # Per target: its nodes and fingerprint, until the nodes are read again (the sizes
+        # of a target, and every step in between, share them).
+        self.fleet_views: dict[str, tuple[list[Node] | None, Any]] = {}
         self.predictions: list[dict[str, Any]] = []
         self.predicted_for: tuple[Any, ...] | None = None
         self.loaded = False
@@ -168,6 +171,7 @@ class RunLoop:
         space_changed = self.space_hash is not None and new_hash != self.space_hash
         self.space_hash = new_hash
         sizes = self.spec.kernel.sizes()
+        self.fleet_views.clear()  # node selectors may have changed
         wanted: list[str] = []
         for i, target in enumerate(self.spec.targets):
             keys = [target_key(target.name, size, len(sizes) > 1) for size in sizes]
@@ -223,12 +227,16 @@ class RunLoop:
             for n in nodes
         }
         self.nodes_read = (epoch, now)
+        self.fleet_views.clear()
 
     def _track_fleet(self, pool: Pool, loop_time: float) -> bool:
         """Update the pool's view of its nodes; False when it has none to run on."""
         assert self.spec is not None
-        nodes = matching_nodes(self.nodes, pool.spec)
-        pool.current = current_fingerprint(nodes, pool.spec)
+        view = self.fleet_views.get(pool.spec.name)
+        if view is None:
+            nodes = matching_nodes(self.nodes, pool.spec)
+            view = self.fleet_views[pool.spec.name] = (nodes, current_fingerprint(nodes, pool.spec))
+        nodes, pool.current = view
         if nodes is not None and pool.current is None:
             if not pool.done:
                 pool.phase = "Unschedulable"
@@ -291,11 +299,13 @@ class RunLoop:
                     pool.phase, pool.message = "Failed", f"cannot build the search space: {exc}"[:500]
 
         jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
-        running = await self._collect(jobs)
+        running, finished_jobs = await self._collect(jobs)
         await self._feed_studies()
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
                 await self._advance(pool, running.setdefault(pool.key, []))
+        # The next trials first: the finished Jobs' records are durable, their deletion can wait.
+        await self._delete_jobs(finished_jobs)
         await self._predict()
         finished = await self._report(running)
         await self._publish()
@@ -370,10 +380,13 @@ class RunLoop:
         if pool.phase in ("Pending", "Unschedulable"):
             pool.phase, pool.message = "Running", ""
 
-    async def _collect(self, jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-        """Store the records of finished Jobs, then delete those Jobs; return the running ones per pool."""
+    async def _collect(
+        self, jobs: list[dict[str, Any]]
+    ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+        """Store the records of finished Jobs; return the running Jobs per pool, and the
+        finished ones, which may be deleted now that their records are durable."""
         running: dict[str, list[dict[str, Any]]] = {}
-        finished, fresh = [], []
+        finished, unrecorded, fresh = [], [], []
         timings: dict[tuple[str, int], metrics.TrialTimings] = {}
         for job in jobs:
             labels = job["metadata"].get("labels", {})
@@ -389,14 +402,24 @@ class RunLoop:
                 continue
             finished.append(job)
             if (round_of(job), target, index) not in self.store:
-                pods = await asyncio.to_thread(
-                    self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
-                )
-                trial = trial_of(job)
-                several = pool is not None and pool.key != pool.spec.name
-                fresh.append(record_from_job(job, pods, trial.config, round_of(job),
-                                             trial.problem_size if several else None))
-                timings[(target, index)] = metrics.trial_timings(job, pods)
+                unrecorded.append(job)
+        # One round trip for all of them, not one after another.
+        pod_lists = await asyncio.gather(*(
+            asyncio.to_thread(
+                self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
+            )
+            for job in unrecorded
+        ))
+        for job, pods in zip(unrecorded, pod_lists, strict=True):
+            labels = job["metadata"]["labels"]
+            pool = self.pools.get(labels.get(TARGET_LABEL, ""))
+            trial = trial_of(job)
+            several = pool is not None and pool.key != pool.spec.name
+            fresh.append(record_from_job(job, pods, trial.config, round_of(job),
+                                         trial.problem_size if several else None))
+            timings[(labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1")))] = metrics.trial_timings(
+                job, pods
+            )
         if fresh:
             stored = await asyncio.to_thread(self.store.append, fresh)
             for rec in stored:
@@ -408,10 +431,12 @@ class RunLoop:
                     "trial %s/%d: %s%s", rec.target, rec.index, rec.outcome.value,
                     f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",
                 )
-        # Only now that the records are durable may the Jobs (and their Pods) go.
-        for job in finished:
-            await asyncio.to_thread(self.kube.delete_job, self.namespace, job["metadata"]["name"])
-        return running
+        return running, finished
+
+    async def _delete_jobs(self, jobs: list[dict[str, Any]]) -> None:
+        await asyncio.gather(*(
+            asyncio.to_thread(self.kube.delete_job, self.namespace, job["metadata"]["name"]) for job in jobs
+        ))
 
     async def _feed_studies(self) -> None:
         for pool in self.pools.values():
@@ -428,8 +453,7 @@ class RunLoop:
             pool.study.observe(rec.config, rec.outcome, rec.objective, rec.times)
 
     async def _stop(self, pool: Pool, running: list[dict[str, Any]], phase: str, message: str) -> None:
-        for job in running:
-            await asyncio.to_thread(self.kube.delete_job, self.namespace, job["metadata"]["name"])
+        await self._delete_jobs(running)
         running.clear()
         pool.phase, pool.message = phase, message
 
@@ -486,16 +510,17 @@ class RunLoop:
         index = max(used, default=-1) + 1
         pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
         avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
-        for config in configs:
+        bodies = []
+        for i, config in enumerate(configs):
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
-                index=index, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
+                index=index + i, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
                 key=pool.key, problem_size=pool.problem_size,
             )
             body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
-            await asyncio.to_thread(self.kube.create_job, self.namespace, body)
-            running.append(body)
-            index += 1
+            bodies.append(body)
+        await asyncio.gather(*(asyncio.to_thread(self.kube.create_job, self.namespace, b) for b in bodies))
+        running.extend(bodies)
 
     # ------------------------------------------------------------------ status and publishing
 

@@ -2,31 +2,48 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
 from fleettune_job.protocol import Outcome
 
-from .bayes import BayesOpt
 from .features import model_features
-from .genetic import Genetic
 from .problem import Candidates, History
-from .random_search import RandomSearch
 from .stopping import stop_reason
 from .strategy import Strategy
 
 log = logging.getLogger(__name__)
 
-STRATEGIES: dict[str, Callable[[Candidates, int, dict[str, Any] | None], Strategy]] = {
-    "bayes": BayesOpt,
-    "random": RandomSearch,
-    "genetic": Genetic,
-}
+StrategyFactory = Callable[[Candidates, int, dict[str, Any] | None], Strategy]
+
+
+class _Strategies(Mapping[str, StrategyFactory]):
+    """Strategy classes by name, each imported when first asked for: ``bayes`` brings in
+    torch (about 0.5 GiB resident), which an operator whose runs use ``random`` or
+    ``genetic`` should not pay for."""
+
+    _where: ClassVar[dict[str, tuple[str, str]]] = {
+        "bayes": ("bayes", "BayesOpt"), "random": ("random_search", "RandomSearch"), "genetic": ("genetic", "Genetic"),
+    }
+
+    def __getitem__(self, name: str) -> StrategyFactory:
+        module, cls = self._where[name]
+        return getattr(importlib.import_module(f".{module}", __package__), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+STRATEGIES: Mapping[str, StrategyFactory] = _Strategies()
 DEFAULT_STRATEGY = "bayes"
 MAX_ENUMERATED = 2_000_000  # beyond this, candidates are a seeded sample of the valid set
 SAMPLED_CANDIDATES = 200_000
