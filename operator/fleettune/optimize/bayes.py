@@ -40,13 +40,6 @@ DEFAULTS: dict[str, Any] = {
     "prior_top": 3,  # with warm-start data, first re-measure the best prior configurations
     "local_starts": 5,
     "local_rounds": 3,
-    # Trust-region exploitation: every ``local_every``-th evaluation (0: never), from the
-    # ``local_after``-th on, is chosen by the same acquisition but only among the
-    # candidates within ``local_radius`` moves of the ``local_best`` best points found.
-    "local_every": 0,
-    "local_after": 20,
-    "local_best": 3,
-    "local_radius": 1,
     # Warm start: refit on a schedule of this study's evaluations (after 1, 2, 3, 4, 6…)
     # rather than of the history with the prior in it (first refit 25 % later).
     "warm_refit": True,
@@ -55,10 +48,6 @@ DEFAULTS: dict[str, Any] = {
     # residual GP of this pool's own data, which can learn that one parameter matters
     # differently here (a task column can only scale all of the prior's information).
     "warm_model": "residual",
-    # Warm start: every ``warm_cold_every``-th evaluation (0: never) is chosen by a cold
-    # model of this pool's data alone, so that a prior that leads to the wrong region
-    # costs at most that share of a cold run's speed instead of the whole budget.
-    "warm_cold_every": 0,
 }
 
 
@@ -82,7 +71,6 @@ class BayesOpt(Strategy):
         self._xc = torch.as_tensor(candidates.x)
         self._xfc = torch.as_tensor(candidates.xf)
         self._prior: tuple[int, Posterior, float, float] | None = None
-        self._cold: BayesOpt | None = None
         self._prior_cand: torch.Tensor | None = None
 
     # -- model ------------------------------------------------------------------------
@@ -204,11 +192,6 @@ class BayesOpt(Strategy):
         if int(history.feasible.sum()) < 2:
             return self._design(n, history, pending, available, rng)
         seeds = self._prior_seeds(history, pending, available) if has_prior else np.zeros(0, dtype=np.int64)
-        every = int(self.options["warm_cold_every"])
-        if has_prior and len(seeds) == 0 and every > 0 and (n_current + len(pending)) % every == every - 1:
-            if self._cold is None:
-                self._cold = BayesOpt(self.candidates, self.seed, self.options)
-            return self._cold.propose(n, history.subset(current), pending, available)
         if len(seeds) >= n:
             return seeds[:n]
         rest = available.copy()
@@ -346,37 +329,16 @@ class BayesOpt(Strategy):
 
         for j in range(len(pool), len(scored)):
             believe(j)
-        local = self._trust_region(history, scored)
-        done = int((history.task == 1).sum()) + len(pending)
         picks: list[int] = []
         for _ in range(min(n, int(selectable.sum()))):
             acq = log_ei(mean, believers.var, best) + log_pf_w
             acq[~selectable] = -math.inf
-            if local is not None and self._local_turn(done + len(picks)) and bool((selectable & local).any()):
-                acq[~local] = -math.inf
             j = int(torch.argmax(acq))
             picks.append(int(scored[j]))
             selectable[j] = False
             if len(picks) < n:
                 believe(j)
         return np.array(picks, dtype=np.int64)
-
-    def _local_turn(self, count: int) -> bool:
-        every = int(self.options["local_every"])
-        return every > 0 and count >= int(self.options["local_after"]) and count % every == every - 1
-
-    def _trust_region(self, history: History, scored: np.ndarray) -> torch.Tensor | None:
-        """Mask over ``scored``: candidates near the best points of this study."""
-        if int(self.options["local_every"]) <= 0:
-            return None
-        cur = np.flatnonzero(history.feasible & (history.task == 1) & (history.cand >= 0))
-        if len(cur) == 0:
-            return None
-        best = cur[np.argsort(history.value[cur], kind="stable")[: self.options["local_best"]]]
-        near = self.candidates.hamming_neighbours(
-            self.candidates.rows[history.cand[best]], radius=int(self.options["local_radius"])
-        )
-        return torch.as_tensor(np.isin(scored, near))
 
     def _local_search(self, pool, mean, var, log_pf, avail, score, best):
         """BaCO-style multi-start local search on the acquisition: from the best scored

@@ -74,17 +74,17 @@ class Candidates:
             out[np.flatnonzero(inside)[hit]] = self._order[pos[hit]]
         return out
 
-    def hamming_neighbours(self, rows: np.ndarray, *, chunk: int = 131_072, radius: int = 1) -> np.ndarray:
-        """Candidates (sorted numbers) that differ from any of ``rows`` in 1 to ``radius``
-        parameters: the one-move (``radius`` 1) neighbourhoods a local search walks
-        through. The moves are generated and looked up (restricted spaces need no
-        neighbour generator: moves that are not candidates are dropped); when there
-        would be more moves than candidates, one vectorised scan finds them instead."""
+    def hamming_neighbours(self, rows: np.ndarray, *, chunk: int = 131_072) -> np.ndarray:
+        """Candidates (sorted numbers) that differ from any of ``rows`` in exactly one
+        parameter: the one-move neighbourhoods a local search walks through. The moves
+        are generated and looked up (restricted spaces need no neighbour generator:
+        moves that are not candidates are dropped); when there would be more moves than
+        candidates, one vectorised scan finds them instead."""
         rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64)
         radix = self._radix if self._radix is not None else self.rows.max(axis=0).astype(np.int64) + 1
-        moves = _moves(rows, radix, radius, limit=len(self.rows))
+        moves = _moves(rows, radix, limit=len(self.rows))
         if moves is not None:
             found = self.lookup(moves)
             return np.unique(found[found >= 0])
@@ -94,36 +94,21 @@ class Candidates:
             diff = np.zeros((len(part), len(rows)), dtype=np.int16)
             for j in range(part.shape[1]):  # column by column: no (chunk, k, d) temporary
                 diff += part[:, j : j + 1] != rows[None, :, j]
-            near = diff == 1 if radius == 1 else (diff >= 1) & (diff <= radius)
-            out.append(np.flatnonzero(near.any(axis=1)) + s)
+            out.append(np.flatnonzero((diff == 1).any(axis=1)) + s)
         return np.concatenate(out)
 
 
-def _moves(rows: np.ndarray, radix: np.ndarray, radius: int, limit: int) -> np.ndarray | None:
-    """Every index row that changes 1 to ``radius`` parameters of one of ``rows``, or
-    None when there would be more than ``limit`` of them."""
-    changes = [np.arange(int(r)) for r in radix]
-    sizes = [int(r) - 1 for r in radix]
-    one = sum(sizes)
-    two = (one * one - sum(x * x for x in sizes)) // 2 if radius >= 2 else 0
-    if radius > 2 or len(rows) * (one + two) > limit:
+def _moves(rows: np.ndarray, radix: np.ndarray, limit: int) -> np.ndarray | None:
+    """Every index row that changes one parameter of one of ``rows``, or None when there
+    would be more than ``limit`` of them."""
+    if len(rows) * int((radix - 1).sum()) > limit:
         return None
     out = []
-    d = rows.shape[1]
-    for j in range(d):
-        m = np.repeat(rows, len(changes[j]), axis=0)
-        m[:, j] = np.tile(changes[j], len(rows))
-        out.append(m[m[:, j] != np.repeat(rows[:, j], len(changes[j]))])
-    if radius == 2:
-        for j in range(d):
-            for k in range(j + 1, d):
-                vj, vk = np.meshgrid(changes[j], changes[k], indexing="ij")
-                vj, vk = vj.ravel(), vk.ravel()
-                m = np.repeat(rows, len(vj), axis=0)
-                m[:, j], m[:, k] = np.tile(vj, len(rows)), np.tile(vk, len(rows))
-                keep = (m[:, j] != np.repeat(rows[:, j], len(vj))) & (m[:, k] != np.repeat(rows[:, k], len(vj)))
-                out.append(m[keep])
-    return np.concatenate(out).astype(np.int32) if out else np.zeros((0, d), dtype=np.int32)
+    for j, r in enumerate(int(r) for r in radix):
+        m = np.repeat(rows, r, axis=0)
+        m[:, j] = np.tile(np.arange(r), len(rows))
+        out.append(m[m[:, j] != np.repeat(rows[:, j], r)])
+    return np.concatenate(out).astype(np.int32)
 
 
 @dataclass
@@ -166,18 +151,6 @@ class History:
             noise=self.noise[:m],
             outcome=self.outcome[:m],
             task=self.task[:m],
-        )
-
-    def subset(self, mask: np.ndarray) -> History:
-        rows = np.flatnonzero(mask)
-        return History(
-            x=self.x[rows],
-            xf=self.xf[rows],
-            cand=self.cand[rows],
-            value=self.value[rows],
-            noise=self.noise[rows],
-            outcome=[self.outcome[i] for i in rows],
-            task=self.task[rows],
         )
 
     def append(

@@ -156,42 +156,18 @@ def test_large_space_path_subset_and_local_search(space, optimum):
     assert (study.candidates.lookup(rows[near]) == near).all()
 
 
-def test_hamming_neighbourhoods_by_radius(space):
+def test_hamming_neighbourhoods_are_complete_and_valid(space):
     rows = space.enumerate()
     from fleettune.optimize.problem import Candidates
 
     cands = Candidates(rows, space.encode(rows))
     centre = rows[len(rows) // 2]
-    for radius in (1, 2):
-        near = cands.hamming_neighbours(centre, radius=radius)
-        d = (rows[near] != centre).sum(1)
-        assert ((d >= 1) & (d <= radius)).all()
-        # complete: every candidate within the radius is found
-        all_d = (rows != centre).sum(1)
-        assert len(near) == int(((all_d >= 1) & (all_d <= radius)).sum())
-        assert space.is_valid(rows[near]).all()
-
-
-def test_trust_region_picks_are_near_the_best_points(space):
-    """With local_every=1 every model-led pick after local_after comes from the one-move
-    neighbourhood of the best points found so far (all valid, never re-suggested)."""
-    opts = {**FAST, "local_every": 1, "local_after": 14, "local_best": 2, "local_radius": 1}
-    study = Study(space, seed=4, options=opts)
-    feed(study, 14)
-    for _ in range(6):
-        h = study.history
-        ok = np.flatnonzero(h.feasible)
-        top = study.candidates.rows[h.cand[ok[np.argsort(h.value[ok], kind="stable")[:2]]]]
-        (c,) = study.suggest(1)
-        row = np.asarray(space.to_rows([c]))[0]
-        assert ((top != row).sum(1) == 1).any(), (c, top)
-        assert space.is_valid(row.reshape(1, -1)).all()
-        study.observe(c, *evaluate(c))
-    # before local_after the option changes nothing: same path as without it
-    plain = Study(space, seed=4, options=FAST)
-    assert feed(plain, 14) == [
-        space.to_configs(study._rows[i].reshape(1, -1))[0] for i in range(14)
-    ]
+    near = cands.hamming_neighbours(centre)
+    d = (rows[near] != centre).sum(1)
+    assert (d == 1).all()
+    # complete: every candidate one move away is found
+    assert len(near) == int(((rows != centre).sum(1) == 1).sum())
+    assert space.is_valid(rows[near]).all()
 
 
 def test_residual_warm_start_learns_what_changed(space, optimum):
@@ -222,24 +198,6 @@ def test_residual_warm_start_learns_what_changed(space, optimum):
     assert again.suggest(3) == study.suggest(3)
 
 
-def test_warm_cold_turns_ignore_the_prior(space):
-    """With warm_cold_every=k, every k-th evaluation is what a cold study with the same
-    seed would suggest from this pool's observations alone."""
-    configs = space.to_configs(space.enumerate())
-    rng = np.random.default_rng(2)
-    prior = [(c, *evaluate(c)) for c in (configs[i] for i in rng.choice(len(configs), 40, replace=False))]
-    opts = {**FAST, "warm_cold_every": 2}
-    warm = Study(space, seed=5, prior=prior, options=opts)
-    cold = Study(space, seed=5, options=opts)
-    for i in range(8):
-        (c,) = warm.suggest(1)
-        if i % 2 == 1 and i >= 3:  # a cold turn (after the prior_top re-measurements)
-            assert cold.suggest(1) == [c]
-        outcome = evaluate(c)
-        warm.observe(c, *outcome)
-        cold.observe(c, *outcome)
-
-
 def test_hamming_moves_and_scan_agree(space):
     """Generated-and-looked-up moves (the fast path) and the full scan (used when there
     would be more moves than candidates) find the same neighbours."""
@@ -249,15 +207,12 @@ def test_hamming_moves_and_scan_agree(space):
     rows = space.enumerate()
     cands = Candidates(rows, space.encode(rows))
     centres = rows[[0, len(rows) // 3, len(rows) - 1]]
-    for radius in (1, 2):
-        fast = cands.hamming_neighbours(centres, radius=radius)
-        assert problem._moves(centres, cands._radix, radius, limit=len(rows)) is not None
-        d = (rows[:, None, :] != centres[None]).sum(-1)
-        assert np.array_equal(fast, np.flatnonzero(((d >= 1) & (d <= radius)).any(1)))
+    fast = cands.hamming_neighbours(centres)
+    assert problem._moves(centres, cands._radix, limit=len(rows)) is not None
+    d = (rows[:, None, :] != centres[None]).sum(-1)
+    assert np.array_equal(fast, np.flatnonzero((d == 1).any(1)))
     few = rows[np.linspace(0, len(rows) - 1, 40).astype(int)]
     small = Candidates(few, space.encode(few))  # more moves than candidates: the scan
-    for radius in (1, 2):
-        assert problem._moves(few[:3], small._radix, radius, limit=len(few)) is None
-        d = (few[:, None, :] != few[None, :3]).sum(-1)
-        expected = np.flatnonzero(((d >= 1) & (d <= radius)).any(1))
-        assert np.array_equal(small.hamming_neighbours(few[:3], radius=radius, chunk=7), expected)
+    assert problem._moves(few[:3], small._radix, limit=len(few)) is None
+    d = (few[:, None, :] != few[None, :3]).sum(-1)
+    assert np.array_equal(small.hamming_neighbours(few[:3], chunk=7), np.flatnonzero((d == 1).any(1)))
