@@ -16,6 +16,7 @@ from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
 from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune.publish import size_key
 from fleettune_job.protocol import CONTAINER_NAME, INVALID_CONFIG_EXIT_CODES, TERMINATION_LOG, TRIAL_ENV, Trial
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -51,7 +52,7 @@ def run_selector(run: str) -> str:
 def target_key(target: str, size: Sequence[int], several: bool) -> str:
     """What a run's trials of one target and problem size are labelled with: the target's
     name, or ``name.4096x4096`` when the run tunes several sizes (target names have no dots)."""
-    return f"{target}.{'x'.join(str(int(d)) for d in size)}" if several else target
+    return f"{target}.{size_key(size)}" if several else target
 
 
 def target_of_key(key: str) -> str:

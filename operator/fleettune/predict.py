@@ -28,12 +28,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fleettune_job.protocol import Outcome
 
 Size = tuple[int, ...]
 Records = Mapping[Size, Sequence[tuple[dict[str, Any], float | None]]]
@@ -52,6 +54,12 @@ class Recommendation:
 
     def as_dict(self) -> dict[str, Any]:
         return {"config": self.config, "predictedMs": round(self.predicted_ms, 6), "basis": self.basis}
+
+
+def observations(records: Iterable[Any]) -> list[tuple[dict[str, Any], float | None]]:
+    """(configuration, time in ms or None for an invalid configuration) of the stored
+    records that observe their configuration (infrastructure failures do not)."""
+    return [(r.config, r.objective if r.outcome == Outcome.OK else None) for r in records if r.is_observation]
 
 
 def parse_size(text: str) -> Size:
@@ -292,14 +300,12 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
     space = SearchSpace.from_spec(spec["parameters"], spec.get("constraints") or [], device)
     records = ResultsStore(client.CoreV1Api(), namespace, run, obj["metadata"]["uid"]).load()
     default_size = tuple(spec["kernel"].get("problemSize") or ())
-    by_size: dict[Size, list[tuple[dict[str, Any], float | None]]] = {}
+    by_size: dict[Size, list[Any]] = {}
     for r in records:
-        if target_of_key(r.target) != pool or not r.is_observation:
-            continue
-        # Records of runs that tune several sizes carry theirs; the others the kernel's.
-        size = tuple(r.problem_size or default_size)
-        by_size.setdefault(size, []).append((r.config, r.objective if r.outcome.value == "ok" else None))
-    return space, by_size, pool
+        if target_of_key(r.target) == pool:
+            # Records of runs that tune several sizes carry theirs; the others the kernel's.
+            by_size.setdefault(tuple(r.problem_size or default_size), []).append(r)
+    return space, {size: observations(recs) for size, recs in by_size.items()}, pool
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

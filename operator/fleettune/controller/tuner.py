@@ -41,7 +41,7 @@ from fleettune.fingerprint import (
     is_stale,
     pinning_selector,
 )
-from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector, target_key
+from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector, target_key, target_of_key
 from fleettune.publish import PublishedEntry, publish_plan, published_configmap
 from fleettune.results import TrialRecord, job_finished, record_from_job
 from fleettune.status import TOP_K, ranked, run_status, target_status
@@ -70,7 +70,7 @@ def parse_spec(raw: Mapping[str, Any]) -> TuningRunSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpecError(f"{field_path(err['loc'])}: {err['msg']}") from None
-    if not spec.kernel.sizes():  # the CRD's CEL rule says so too; this covers older CRDs
+    if not spec.kernel.sizes():  # the CRD's CEL rule says so; the model alone does not
         raise SpecError("spec.kernel.problemSize: set kernel.problemSize or kernel.problemSizes")
     return spec
 
@@ -124,7 +124,6 @@ class RunLoop:
         self.published: dict[str, str] | None = None
         self.nodes: dict[str, Node] = {}
         self.nodes_read: tuple[int, float] | None = None
-        self.tracked_keys: set[str] = set()
         # Per target: its nodes and fingerprint, until the nodes are read again (the sizes
         # of a target, and every step in between, share them).
         self.fleet_views: dict[str, tuple[list[Node] | None, Any]] = {}
@@ -192,10 +191,9 @@ class RunLoop:
                     self._new_round(pool, "the search space changed")
                 elif pool.phase != "Failed":
                     pool.study = None  # rebuilt for the (possibly new) device limits and strategy
-        self.pools = {key: self.pools[key] for key in wanted}  # spec order, which the status follows
-        for gone in self.tracked_keys - set(wanted):
+        for gone in set(self.pools) - set(wanted):
             metrics.forget_target(self.namespace, self.name, gone)
-        self.tracked_keys = set(wanted)
+        self.pools = {key: self.pools[key] for key in wanted}  # spec order, which the status follows
 
     def _restore(self, pool: Pool) -> None:
         old = self._restored.get(pool.key)
@@ -328,26 +326,24 @@ class RunLoop:
         self.predictions = await asyncio.to_thread(self._predictions, sizes)
 
     def _predictions(self, sizes: list[tuple[int, ...]]) -> list[dict[str, Any]]:
-        from fleettune.predict import recommend
+        from fleettune.predict import observations, recommend
 
+        assert self.spec is not None
+        seed = self.spec.strategy.seed
         out: list[dict[str, Any]] = []
         by_target: dict[str, list[Pool]] = {}
         for pool in self.pools.values():
             by_target.setdefault(pool.spec.name, []).append(pool)
         for target, pools in by_target.items():
             space = next((p.space for p in pools if p.space is not None), None)
-            records = {
-                p.problem_size: [(r.config, r.objective if r.outcome.value == "ok" else None)
-                                 for r in p.records(self.store.records) if r.is_observation]
-                for p in pools
-            }
+            records = {p.problem_size: observations(p.records(self.store.records)) for p in pools}
             for size in sizes:
                 entry: dict[str, Any] = {"target": target, "problemSize": list(size)}
                 if space is None or not any(v for recs in records.values() for _, v in recs):
                     entry["basis"] = "no valid result yet"
                 else:
                     try:
-                        rec = recommend(space, records, size, seed=self.spec.strategy.seed if self.spec else 0)
+                        rec = recommend(space, records, size, seed=seed)
                         entry.update(rec.as_dict())
                         entry["basis"] = entry["basis"][:200]
                     except ValueError as exc:  # e.g. a size with the wrong number of dimensions
@@ -402,24 +398,20 @@ class RunLoop:
                 continue
             finished.append(job)
             if (round_of(job), target, index) not in self.store:
-                unrecorded.append(job)
+                unrecorded.append((job, target, index))
         # One round trip for all of them, not one after another.
         pod_lists = await asyncio.gather(*(
             asyncio.to_thread(
                 self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
             )
-            for job in unrecorded
+            for job, _, _ in unrecorded
         ))
-        for job, pods in zip(unrecorded, pod_lists, strict=True):
-            labels = job["metadata"]["labels"]
-            pool = self.pools.get(labels.get(TARGET_LABEL, ""))
+        for (job, target, index), pods in zip(unrecorded, pod_lists, strict=True):
             trial = trial_of(job)
-            several = pool is not None and pool.key != pool.spec.name
+            several = target != target_of_key(target)  # one of several problem sizes
             fresh.append(record_from_job(job, pods, trial.config, round_of(job),
                                          trial.problem_size if several else None))
-            timings[(labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1")))] = metrics.trial_timings(
-                job, pods
-            )
+            timings[(target, index)] = metrics.trial_timings(job, pods)
         if fresh:
             stored = await asyncio.to_thread(self.store.append, fresh)
             for rec in stored:
