@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fleettune.controller.kube import JobCache, Kube, parse_selector
+from fleettune.controller.kube import Kube, WatchCache, parse_selector
 
 MANAGED = {"app.kubernetes.io/managed-by": "fleettune"}
 SEL_A = "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run=a"
@@ -50,7 +50,7 @@ class FakeBatch:
         self.jobs.pop(name, None)
 
 
-def kube_with(cache: JobCache) -> tuple[Kube, FakeBatch]:
+def kube_with(cache: WatchCache) -> tuple[Kube, FakeBatch]:
     k = Kube(api=object(), job_cache=cache)  # type: ignore[arg-type]
     fake = FakeBatch()
     k.__dict__["batch"] = fake  # cached_property slot
@@ -69,7 +69,7 @@ def test_parse_selector() -> None:
 
 
 def test_real_list_until_the_watch_has_spoken_then_the_cache() -> None:
-    cache = JobCache(required=MANAGED, resync_s=60)
+    cache = WatchCache(required=MANAGED, resync_s=60)
     k, api = kube_with(cache)
     api.jobs["j1"] = job("j1", rv=5)
     assert names(k.list_jobs("ns", SEL_A)) == ["j1"]
@@ -82,7 +82,7 @@ def test_real_list_until_the_watch_has_spoken_then_the_cache() -> None:
 
 
 def test_own_creates_and_deletes_show_at_once_and_stale_events_do_not_resurrect() -> None:
-    cache = JobCache(required=MANAGED, resync_s=60)
+    cache = WatchCache(required=MANAGED, resync_s=60)
     k, api = kube_with(cache)
     cache.observe(None, job("other", run="b"))
     k.list_jobs("ns", SEL_A)  # the authoritative first list
@@ -102,7 +102,7 @@ def test_own_creates_and_deletes_show_at_once_and_stale_events_do_not_resurrect(
 
 
 def test_older_events_do_not_overwrite_newer_state() -> None:
-    cache = JobCache(required=MANAGED, resync_s=60)
+    cache = WatchCache(required=MANAGED, resync_s=60)
     cache.observe("MODIFIED", job("j", rv=10, done=True))
     cache.observe("MODIFIED", job("j", rv=9))
     cache.listed("ns", SEL_A, [job("j", rv=8)], "8", 0.0)
@@ -110,7 +110,7 @@ def test_older_events_do_not_overwrite_newer_state() -> None:
 
 
 def test_resync_drops_what_a_broken_watch_missed_but_keeps_newer_jobs() -> None:
-    cache = JobCache(required=MANAGED, resync_s=0.0)  # every call a real list
+    cache = WatchCache(required=MANAGED, resync_s=0.0)  # every call a real list
     k, api = kube_with(cache)
     cache.observe("ADDED", job("ghost", rv=3))  # deleted while the watch was down
     cache.observe("ADDED", job("new", rv=200))  # created after the list's snapshot
@@ -120,7 +120,7 @@ def test_resync_drops_what_a_broken_watch_missed_but_keeps_newer_jobs() -> None:
 
 
 def test_selectors_the_cache_cannot_answer_are_real_lists() -> None:
-    cache = JobCache(required=MANAGED, resync_s=60)
+    cache = WatchCache(required=MANAGED, resync_s=60)
     k, api = kube_with(cache)
     cache.observe("ADDED", job("j"))
     for sel in ("fleettune.dev/run=a", "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run!=a"):
@@ -143,7 +143,7 @@ def test_no_cache_is_the_plain_list() -> None:
 def test_background_delete_hides_the_job_at_once_and_a_failed_one_comes_back() -> None:
     from kubernetes.client.exceptions import ApiException
 
-    cache = JobCache(required=MANAGED, resync_s=60)
+    cache = WatchCache(required=MANAGED, resync_s=60)
     k = Kube(api=object(), job_cache=cache, background_deletes=True)  # type: ignore[arg-type]
     fake = FakeBatch()
     k.__dict__["batch"] = fake
@@ -176,7 +176,7 @@ def test_pods_of_a_cached_job_are_listed_no_older_than_the_job() -> None:
             calls.append(kw)
             return _Resp({"metadata": {}, "items": [{"metadata": {"name": "p"}}]})
 
-    cache = JobCache(required=MANAGED, resync_s=60)
+    cache = WatchCache(required=MANAGED, resync_s=60)
     k = Kube(api=object(), job_cache=cache)  # type: ignore[arg-type]
     k.__dict__["core"] = FakeCore()
     cache.observe("MODIFIED", job("j", rv=42, done=True))

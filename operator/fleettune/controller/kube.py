@@ -95,7 +95,7 @@ class WatchCache:
         self.required = dict(required or {})
         self.resync_s = resync_s
         self._lock = threading.Lock()
-        self._jobs: dict[str, dict[str, dict[str, Any]]] = {}
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {}
         self._gone: dict[str, float] = {}  # uid -> when it was deleted
         self._listed: dict[tuple[str, str], float] = {}  # (namespace, selector) -> last real list
         self.events = 0  # watch events seen: until the first, the cache is not used
@@ -138,14 +138,14 @@ class WatchCache:
     def _put(self, ns: str, name: str, uid: str | None, obj: Mapping[str, Any]) -> None:
         if uid is not None and uid in self._gone:
             return
-        jobs = self._jobs.setdefault(ns, {})
+        jobs = self._objects.setdefault(ns, {})
         old = jobs.get(name)
         if old is not None and old.get("metadata", {}).get("uid") == uid and not _newer(obj, old):
             return
         jobs[name] = dict(obj)
 
     def _forget(self, ns: str, name: str, uid: str | None) -> str | None:
-        jobs = self._jobs.get(ns, {})
+        jobs = self._objects.get(ns, {})
         old = jobs.get(name)
         if old is not None and (uid is None or old.get("metadata", {}).get("uid") == uid):
             uid = uid or old.get("metadata", {}).get("uid")
@@ -160,7 +160,7 @@ class WatchCache:
     # ---------------------------------------------------------------- reading
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
-            return self._jobs.get(namespace, {}).get(name)
+            return self._objects.get(namespace, {}).get(name)
 
     def fresh(self, namespace: str, selector: str) -> bool:
         with self._lock:
@@ -175,7 +175,7 @@ class WatchCache:
             return None
         with self._lock:
             self.hits += 1
-            items = list(self._jobs.get(namespace, {}).values())
+            items = list(self._objects.get(namespace, {}).values())
         return [j for j in items
                 if all((j.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
 
@@ -188,7 +188,7 @@ class WatchCache:
         snapshot = int(list_rv) if list_rv and list_rv.isdigit() else None
         with self._lock:
             self.lists += 1
-            jobs = self._jobs.setdefault(namespace, {})
+            jobs = self._objects.setdefault(namespace, {})
             names = set()
             for item in items:
                 meta = item.get("metadata") or {}
@@ -203,9 +203,6 @@ class WatchCache:
                 if snapshot is None or rv is None or rv <= snapshot:
                     del jobs[name]
             self._listed[(namespace, selector)] = started
-
-
-JobCache = WatchCache
 
 
 class Kube:
