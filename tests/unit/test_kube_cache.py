@@ -106,7 +106,7 @@ def test_older_events_do_not_overwrite_newer_state() -> None:
     cache.observe("MODIFIED", job("j", rv=10, done=True))
     cache.observe("MODIFIED", job("j", rv=9))
     cache.listed("ns", SEL_A, [job("j", rv=8)], "8", 0.0)
-    assert cache._jobs["ns"]["j"]["metadata"]["resourceVersion"] == "10"
+    assert cache._objects["ns"]["j"]["metadata"]["resourceVersion"] == "10"
 
 
 def test_resync_drops_what_a_broken_watch_missed_but_keeps_newer_jobs() -> None:
@@ -116,7 +116,7 @@ def test_resync_drops_what_a_broken_watch_missed_but_keeps_newer_jobs() -> None:
     cache.observe("ADDED", job("new", rv=200))  # created after the list's snapshot
     api.jobs["kept"] = job("kept", rv=50)
     assert names(k.list_jobs("ns", SEL_A)) == ["kept"]
-    assert sorted(cache._jobs["ns"]) == ["kept", "new"]
+    assert sorted(cache._objects["ns"]) == ["kept", "new"]
 
 
 def test_selectors_the_cache_cannot_answer_are_real_lists() -> None:
