@@ -205,7 +205,7 @@ class FleetSimulator:
                     pods = core.list_pod_for_all_namespaces(label_selector=self.label_selector,
                                                             _request_timeout=30)
                     for pod in pods.items:
-                        self._consider(None, pod)
+                        self._consider(pod)
                     rv = pods.metadata.resource_version
                 w = watch.Watch()
                 # Short server-side timeouts keep stop() prompt; resuming from rv loses nothing.
@@ -221,7 +221,7 @@ class FleetSimulator:
                     pod = ev["object"]
                     rv = pod.metadata.resource_version
                     if ev["type"] in ("ADDED", "MODIFIED"):
-                        self._consider(None, pod)
+                        self._consider(pod)
                     if self._stop.is_set():
                         w.stop()
                         break
@@ -235,18 +235,12 @@ class FleetSimulator:
                 self._record_error(f"watching pods: {type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
-    def _consider(self, core: Any, pod: Any) -> None:
-        """A Pod event: a Pod newly Running gets its node read and its answer scheduled.
-
-        With ``core`` (a CoreV1Api) the work is done in the calling thread; without, on the
-        worker pool (the watch thread must not wait on the API).
-        """
+    def _consider(self, pod: Any) -> None:
+        """A Pod event: a Pod newly Running gets its node read and its answer scheduled, on
+        the worker pool (the watch thread must not wait on the API)."""
         uid = pod.metadata.uid
         if (uid in self._seen or pod.metadata.deletion_timestamp is not None
                 or not pod.spec.node_name or (pod.status.phase or "") != "Running"):
-            return
-        if core is not None:
-            self._start(core, pod)
             return
         with self._cv:
             if uid in self._starting:
