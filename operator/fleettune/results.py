@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleettune.jobs import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import (
     CONTAINER_NAME,
+    INVALID_CONFIG_EXIT_CODES,
     OUTCOME_BY_EXIT_CODE,
     Fingerprint,
     Outcome,
@@ -71,6 +72,22 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def decisive_end(pod: dict[str, Any]) -> bool:
+    """Whether a trial Pod's end already decides its Job's verdict, before the Job controller
+    says so (it batches Pod updates for a second and takes two syncs to mark a Job Complete).
+
+    Exit 0 completes the Job (one completion); an invalid-configuration exit code fails it
+    (the podFailurePolicy's FailJob rule, evaluated before the Ignore rule). Any other end may
+    be retried by the Job, so only the Job's own condition settles it. The Pod must also be in
+    a terminal phase: the scheduler frees its GPU only then.
+    """
+    term = _terminated(pod)
+    if term is None or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        return False
+    code = term.get("exitCode")
+    return code == 0 or code in INVALID_CONFIG_EXIT_CODES
+
+
 def _started(pod: dict[str, Any]) -> bool:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         state = status.get("state") or {}
@@ -102,7 +119,8 @@ def _result_from_pod(pod: dict[str, Any]) -> TrialResult:
 
 
 def result_of_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> TrialResult:
-    """The verdict of a finished Job (call only when `job_finished(job)`)."""
+    """The verdict of a finished Job (call only when `job_finished(job)`, or with a Pod whose
+    `decisive_end` settles it: with no Failed condition, the verdict is that Pod's)."""
     failed = _condition(job, "Failed")
     last = _last_pod(pods)
     if failed is not None and failed.get("reason") == "DeadlineExceeded":

@@ -151,7 +151,7 @@ def test_namespaced_rbac_grants_exactly_the_operators_calls(
         sa = f"system:serviceaccount:{namespace}:{release}-fleettune"
         allowed = [
             ("watch", "tuningruns.fleettune.dev"), ("patch", "tuningruns.fleettune.dev/status"),
-            ("create", "jobs.batch"), ("delete", "jobs.batch"), ("list", "pods"),
+            ("create", "jobs.batch"), ("delete", "jobs.batch"), ("list", "pods"), ("watch", "pods"),
             ("create", "configmaps"), ("update", "configmaps"), ("create", "events"),
         ]
         for verb, resource in allowed:

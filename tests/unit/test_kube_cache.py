@@ -1,11 +1,12 @@
-"""The watch-fed Jobs cache behind ``Kube.list_jobs`` (no cluster: a fake BatchV1Api)."""
+"""The watch-fed Jobs cache behind ``Kube.list_jobs`` (no cluster: a fake BatchV1Api), and the
+ended trial Pods behind ``Kube.ended_pod``."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from fleettune.controller.kube import Kube, WatchCache, parse_selector
+from fleettune.controller.kube import EndedPods, Kube, WatchCache, parse_selector
 
 MANAGED = {"app.kubernetes.io/managed-by": "fleettune"}
 SEL_A = "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run=a"
@@ -46,8 +47,9 @@ class FakeBatch:
         return _Resp(obj)
 
     def delete_namespaced_job(self, name: str, namespace: str, propagation_policy: str,
-                              _preload_content: bool) -> None:
+                              _preload_content: bool) -> _Resp:
         self.jobs.pop(name, None)
+        return _Resp({"kind": "Status"})
 
 
 def kube_with(cache: WatchCache) -> tuple[Kube, FakeBatch]:
@@ -185,3 +187,35 @@ def test_pods_of_a_cached_job_are_listed_no_older_than_the_job() -> None:
     k.list_pods("ns", "batch.kubernetes.io/job-name=unknown")
     k.list_pods("ns", "app=x")
     assert all("resource_version" not in c for c in calls[1:])
+
+
+def trial_pod(job_uid: str, phase: str = "Succeeded", exit_code: int | None = 0, ns: str = "ns") -> dict[str, Any]:
+    state = {"terminated": {"exitCode": exit_code}} if exit_code is not None else {"running": {}}
+    return {"metadata": {"name": f"pod-{job_uid}", "namespace": ns,
+                         "ownerReferences": [{"kind": "Job", "name": "j", "uid": job_uid}]},
+            "status": {"phase": phase, "containerStatuses": [{"name": "trial", "state": state}]}}
+
+
+def test_ended_pods_hold_decisive_ends_by_job_uid_until_pod_or_job_is_deleted() -> None:
+    ended = EndedPods()
+    k = Kube(api=object(), ended_pods=ended)  # type: ignore[arg-type]
+    the_job = job("j", uid="u1")
+    assert not ended.observe("MODIFIED", trial_pod("u1", "Running", None))  # still running
+    assert not ended.observe("MODIFIED", trial_pod("u1", "Failed", 137))  # the Job may retry it
+    assert k.ended_pod("ns", the_job) is None
+    assert ended.observe("MODIFIED", trial_pod("u1"))  # wakes the run once...
+    assert not ended.observe("MODIFIED", trial_pod("u1"))  # ...not again
+    assert k.ended_pod("ns", the_job) is not None
+    # A re-created Job of the same name is another uid: the old Pod says nothing about it.
+    assert k.ended_pod("ns", job("j", uid="u2")) is None
+    assert k.ended_pod("other", the_job) is None
+    ended.observe("DELETED", trial_pod("u1"))
+    assert k.ended_pod("ns", the_job) is None
+    ended.observe(None, trial_pod("u1"))  # kopf's initial listing after a restart
+    ended.job_deleted("ns", "u1")
+    assert k.ended_pod("ns", the_job) is None and len(ended) == 0
+    # Pods that belong to no Job are not trials.
+    orphan = trial_pod("u3")
+    orphan["metadata"]["ownerReferences"] = []
+    assert not ended.observe("MODIFIED", orphan) and len(ended) == 0
+    assert Kube(api=object()).ended_pod("ns", the_job) is None  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 from fleettune.jobs import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
-from fleettune.results import job_finished, record_from_job, result_of_job
+from fleettune.results import decisive_end, job_finished, record_from_job, result_of_job
 from fleettune_job.protocol import EXIT_CODES, Fingerprint, Outcome, TrialResult
 
 
@@ -71,3 +71,33 @@ def test_last_pod_wins_after_retries():
 def test_job_without_pods_left_is_an_infrastructure_failure():
     res = result_of_job(_job("Complete"), [])
     assert res.outcome == Outcome.INFRA_ERROR and "no trial pod" in res.error
+
+
+def _ended(exit_code, phase):
+    pod = _pod(TrialResult(outcome=Outcome.OK, objective=1.0).encode(), exit_code)
+    pod["status"]["phase"] = phase
+    return pod
+
+
+def test_a_pod_end_decides_its_job_only_when_the_job_cannot_retry_it():
+    assert decisive_end(_ended(0, "Succeeded"))  # the one completion the Job needs
+    for outcome in (Outcome.COMPILE_ERROR, Outcome.LAUNCH_ERROR, Outcome.RUNTIME_ERROR, Outcome.CORRECTNESS_ERROR,
+                    Outcome.TIMEOUT):
+        assert decisive_end(_ended(EXIT_CODES[outcome], "Failed")), outcome  # podFailurePolicy FailJob
+    # An infrastructure failure or a kill may be retried by the Job: wait for its condition.
+    for code in (EXIT_CODES[Outcome.INFRA_ERROR], 137, 1):
+        assert not decisive_end(_ended(code, "Failed")), code
+    # Not yet terminal (its GPU is not free yet), or not terminated at all.
+    assert not decisive_end(_ended(0, "Running"))
+    running = _pod(started=False)
+    running["status"]["phase"] = "Running"
+    assert not decisive_end(running)
+
+
+def test_a_decisive_pod_gives_the_record_the_completed_job_would():
+    msg = TrialResult(outcome=Outcome.OK, objective=0.5, times=[0.5]).encode()
+    pod = _pod(msg)
+    early = record_from_job(_job(), [pod], {"block_size_x": 32}, 1)
+    late = record_from_job(_job("Complete"), [pod], {"block_size_x": 32}, 1)
+    assert early.model_dump(exclude={"recorded_at"}) == late.model_dump(exclude={"recorded_at"})
+    assert early.outcome == Outcome.OK and early.objective == 0.5

@@ -40,10 +40,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
-# A finished trial's verdict is read from its Pod's termination message.
+# A finished trial's verdict is read from its Pod's termination message; the watch
+# sees a Pod end before its Job is marked Complete.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list]
+  verbs: [get, list, watch]
 # The results store (sharded ConfigMaps owned by the run).
 - apiGroups: [""]
   resources: [configmaps]

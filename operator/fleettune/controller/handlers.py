@@ -1,11 +1,13 @@
-"""kopf wiring: one tuning daemon per TuningRun, woken by the events of its Jobs and of nodes.
+"""kopf wiring: one tuning daemon per TuningRun, woken by the events of its Jobs, its trial
+Pods' ends, and nodes.
 
 Only a daemon and raw event handlers are used: no change handlers, so kopf writes no
 diff-base or progress annotations into users' objects (GitOps tools see no drift).
 
 The event handlers are coroutines: they run on the event loop, where the daemons' wake-up
 events live (an ``asyncio.Event`` set from kopf's handler threads would not wake the loop),
-and they only note what changed. Job events also feed the Jobs cache the runs list from.
+and they only note what changed. Job events also feed the Jobs cache the runs list from;
+Pod events feed the ended trial Pods a run records from before their Jobs complete.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from typing import Any
 import kopf
 
 from fleettune import GROUP, PLURAL, VERSION, metrics
-from fleettune.controller.kube import Kube, WatchCache
+from fleettune.controller.kube import EndedPods, Kube, WatchCache
 from fleettune.controller.tuner import RunLoop
 from fleettune.fingerprint import relevant_labels
-from fleettune.jobs import MANAGED_BY
+from fleettune.jobs import MANAGED_BY, RUN_LABEL
 
 IDLE_WAKEUP_S = 5.0
 FINISHED_WAKEUP_S = 300.0
 
 _wakers: dict[str, asyncio.Event] = {}
+_run_uids: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid of the runs being tuned
+_runs_seen: dict[str, tuple[Any, dict[str, str]]] = {}  # uid -> (generation, annotations) last woken for
 _kube: Kube | None = None
 # Fed by job_event (whose filter is the managed-by label) and node_event below.
 _jobs = WatchCache(required={MANAGED_BY: "fleettune"})
 _nodes = WatchCache()
+_ended = EndedPods()  # fed by pod_event
 # Node label changes that matter (driver upgrades, cordons, new or lost nodes) bump the
 # epoch; runs re-read the nodes only then (or when their copy is old).
 _nodes_seen: dict[str, tuple[dict[str, str], bool]] = {}
@@ -40,7 +45,7 @@ _node_epoch = 0
 def kube() -> Kube:
     global _kube
     if _kube is None:
-        _kube = Kube(job_cache=_jobs, node_cache=_nodes, background_deletes=True)
+        _kube = Kube(job_cache=_jobs, node_cache=_nodes, background_deletes=True, ended_pods=_ended)
     return _kube
 
 
@@ -68,8 +73,16 @@ def _wake(uid: str | None) -> None:
 @kopf.on.event("batch", "v1", "jobs", labels={MANAGED_BY: "fleettune"})
 async def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
     _jobs.observe(event.get("type"), event.get("object") or {})
+    if event.get("type") == "DELETED":
+        _ended.job_deleted(body.metadata.namespace or "", body.metadata.uid)
     for owner in body.metadata.get("ownerReferences") or []:
         _wake(owner.get("uid"))
+
+
+@kopf.on.event("", "v1", "pods", labels={MANAGED_BY: "fleettune"})
+async def pod_event(event: dict[str, Any], namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    if _ended.observe(event.get("type"), event.get("object") or {}):
+        _wake(_run_uids.get((namespace, labels.get(RUN_LABEL, ""))))
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -90,15 +103,25 @@ async def node_event(name: str, event: dict[str, Any], body: kopf.Body, type: st
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def run_event(uid: str, name: str, namespace: str, type: str | None, **_: Any) -> None:
+async def run_event(uid: str, name: str, namespace: str, type: str | None, meta: kopf.Meta, **_: Any) -> None:
     if type == "DELETED":
         metrics.forget_run(namespace, name)
-    _wake(uid)
+        _runs_seen.pop(uid, None)
+        _wake(uid)
+        return
+    # The loop reads the spec (generation) and the re-tune annotation. Its own status
+    # writes come back as events too: waking for those would only add idle steps.
+    seen = (meta.get("generation"), dict(meta.annotations))
+    if _runs_seen.get(uid) != seen:
+        _runs_seen[uid] = seen
+        _wake(uid)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-async def tune(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: logging.Logger, **_: Any) -> None:
+async def tune(body: kopf.Body, uid: str, name: str, namespace: str, stopped: kopf.DaemonStopped,
+               logger: logging.Logger, **_: Any) -> None:
     wake = _wakers.setdefault(uid, asyncio.Event())
+    _run_uids[(namespace, name)] = uid
     loop = RunLoop(kube(), body, logger, node_epoch)
     try:
         while not stopped:
@@ -114,3 +137,6 @@ async def tune(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: l
                 await asyncio.wait_for(wake.wait(), timeout=FINISHED_WAKEUP_S if finished else IDLE_WAKEUP_S)
     finally:
         _wakers.pop(uid, None)
+        _runs_seen.pop(uid, None)
+        if _run_uids.get((namespace, name)) == uid:
+            del _run_uids[(namespace, name)]

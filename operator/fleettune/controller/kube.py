@@ -18,6 +18,9 @@ without waiting for the apiserver to delete the trials before it. A deletion tha
 logged and the Job put back on the next list, where the run finds it and deletes it again.
 Only a few deletions may wait at a time: past that, ``delete_job`` deletes in the caller's
 thread, so that a slow apiserver slows the runs down instead of piling up finished Jobs.
+
+:class:`EndedPods` holds the trial Pods whose end already decides their Job, seen on the
+operator's Pod watch: a run records those trials without waiting for the Job controller.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
+from fleettune.results import decisive_end
 
 log = logging.getLogger(__name__)
 
@@ -205,14 +209,75 @@ class WatchCache:
             self._listed[(namespace, selector)] = started
 
 
+def _owning_job_uid(pod: Mapping[str, Any]) -> str | None:
+    for owner in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("kind") == "Job" and owner.get("uid"):
+            return str(owner["uid"])
+    return None
+
+
+class EndedPods:
+    """Trial Pods whose end decides their Job's verdict (`results.decisive_end`), by namespace
+    and the uid of the Job that owns them, as seen on the operator's Pod watch.
+
+    The Job controller marks a Job Complete seconds after its Pod ended (it batches Pod
+    updates and needs two syncs); a run that reads the verdict from the Pod here records the
+    trial and starts the next one at once. An ended Pod never comes back to life, so an
+    entry cannot turn wrong; keyed by the Job's uid, it cannot be mistaken for a re-created
+    Job of the same name. Entries leave with their Pod or Job (watch events); the size bound
+    only guards against deletions a broken watch never delivered.
+
+    Thread-safe: fed from the event loop, read from worker threads.
+    """
+
+    MAX_ENTRIES = 20_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
+        """A Pod watch event; True when it newly shows a decisive end (worth waking the run)."""
+        job_uid = _owning_job_uid(pod)
+        if job_uid is None:
+            return False
+        key = ((pod.get("metadata") or {}).get("namespace") or "", job_uid)
+        with self._lock:
+            if event_type == "DELETED":
+                self._pods.pop(key, None)
+                return False
+            if key in self._pods or not decisive_end(dict(pod)):
+                return False
+            if len(self._pods) >= self.MAX_ENTRIES:
+                del self._pods[next(iter(self._pods))]
+            self._pods[key] = dict(pod)
+            return True
+
+    def job_deleted(self, namespace: str, job_uid: str | None) -> None:
+        if job_uid:
+            with self._lock:
+                self._pods.pop((namespace, job_uid), None)
+
+    def get(self, namespace: str, job_uid: str | None) -> dict[str, Any] | None:
+        if not job_uid:
+            return None
+        with self._lock:
+            return self._pods.get((namespace, job_uid))
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
 class Kube:
     DELETERS = 8  # background deletion threads
 
     def __init__(self, api: client.ApiClient | None = None, job_cache: WatchCache | None = None,
-                 node_cache: WatchCache | None = None, background_deletes: bool = False) -> None:
+                 node_cache: WatchCache | None = None, background_deletes: bool = False,
+                 ended_pods: EndedPods | None = None) -> None:
         self.api = api or load_api_client()
         self.job_cache = job_cache
         self.node_cache = node_cache
+        self.ended_pods = ended_pods
         self._deleter = (ThreadPoolExecutor(max_workers=self.DELETERS, thread_name_prefix="fleettune-delete")
                          if background_deletes and job_cache is not None else None)
         self._deleting = threading.BoundedSemaphore(2 * self.DELETERS)
@@ -273,6 +338,12 @@ class Kube:
             self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         )
 
+    def ended_pod(self, namespace: str, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The Pod of ``job`` whose end decides it, if the Pod watch has shown one."""
+        if self.ended_pods is None:
+            return None
+        return self.ended_pods.get(namespace, (job.get("metadata") or {}).get("uid"))
+
     def _job_rv(self, namespace: str, selector: str) -> str | None:
         cache = self.job_cache
         wanted = parse_selector(selector)
@@ -327,8 +398,10 @@ class Kube:
 
     def _delete_job(self, namespace: str, name: str) -> None:
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
-                                             _preload_content=False)
+            # Read the (unparsed) answer: an unread response never gives its connection back
+            # to the pool, and every later call would open (and TLS-handshake) a new one.
+            _ = self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
+                                                 _preload_content=False).data
         except ApiException as exc:
             if exc.status != 404:
                 raise

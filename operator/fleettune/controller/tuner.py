@@ -379,8 +379,9 @@ class RunLoop:
     async def _collect(
         self, jobs: list[dict[str, Any]]
     ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-        """Store the records of finished Jobs; return the running Jobs per pool, and the
-        finished ones, which may be deleted now that their records are durable."""
+        """Store the records of finished Jobs (and of Jobs whose Pod's end already decides
+        them); return the running Jobs per pool, and the finished ones, which may be deleted
+        now that their records are durable."""
         running: dict[str, list[dict[str, Any]]] = {}
         finished, unrecorded, fresh = [], [], []
         timings: dict[tuple[str, int], metrics.TrialTimings] = {}
@@ -388,7 +389,8 @@ class RunLoop:
             labels = job["metadata"].get("labels", {})
             target, index = labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1"))
             pool = self.pools.get(target)
-            if not job_finished(job):
+            ended = None
+            if not job_finished(job) and (ended := self.kube.ended_pod(self.namespace, job)) is None:
                 if pool is None or round_of(job) != pool.round:
                     # A trial of a removed pool, or of an older round (older driver or space),
                     # would only measure the past.
@@ -396,17 +398,19 @@ class RunLoop:
                     continue
                 running.setdefault(target, []).append(job)
                 continue
+            # Finished, or its Pod's end already decides it: no need to wait for the Job controller.
             finished.append(job)
             if (round_of(job), target, index) not in self.store:
-                unrecorded.append((job, target, index))
+                unrecorded.append((job, target, index, [ended] if ended is not None else None))
         # One round trip for all of them, not one after another.
-        pod_lists = await asyncio.gather(*(
+        listed = iter(await asyncio.gather(*(
             asyncio.to_thread(
                 self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
             )
-            for job, _, _ in unrecorded
-        ))
-        for (job, target, index), pods in zip(unrecorded, pod_lists, strict=True):
+            for job, _, _, pods in unrecorded if pods is None
+        )))
+        for job, target, index, ended_pods in unrecorded:
+            pods = ended_pods if ended_pods is not None else next(listed)
             trial = trial_of(job)
             several = target != target_of_key(target)  # one of several problem sizes
             fresh.append(record_from_job(job, pods, trial.config, round_of(job),

@@ -123,7 +123,7 @@ def test_namespaced_rbac(chart: Helm) -> None:
     assert _grants(role_rules, "jobs") == {"get", "list", "watch", "create", "delete"}
     assert _grants(role_rules, "tuningruns/status") == {"get", "patch"}
     assert _grants(role_rules, "configmaps") == {"get", "list", "create", "update"}
-    assert _grants(role_rules, "pods") == {"get", "list"}
+    assert _grants(role_rules, "pods") == {"get", "list", "watch"}
     # Cluster-wide, only reads of cluster-scoped objects: no write anywhere else.
     cluster_rules = _rules(docs, "ClusterRole")
     assert {res for _, r in cluster_rules for res in r["resources"]} == {
