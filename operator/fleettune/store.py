@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,9 +132,11 @@ class ResultsStore:
             },
             "binaryData": {DATA_KEY: encode_shard(records)},
         }
+        # Raw answers: only the new resourceVersion is needed, not the client's slow models.
         if shard.resource_version is None:
-            created = self.core.create_namespaced_config_map(self.namespace, body)
+            resp = self.core.create_namespaced_config_map(self.namespace, body, _preload_content=False)
         else:
             body["metadata"]["resourceVersion"] = shard.resource_version
-            created = self.core.replace_namespaced_config_map(shard.name, self.namespace, body)
-        shard.resource_version = created.metadata.resource_version
+            resp = self.core.replace_namespaced_config_map(shard.name, self.namespace, body,
+                                                           _preload_content=False)
+        shard.resource_version = json.loads(resp.data)["metadata"]["resourceVersion"]

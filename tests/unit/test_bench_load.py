@@ -9,9 +9,12 @@ import pytest
 from fleettune.api import TuningRunSpec
 from fleettune.bench.load import (
     NAMESPACE,
+    Observer,
     PodTimes,
     audit,
     bench_fleet,
+    job_controller_delays,
+    pod_waits,
     quantile,
     reaction_latencies,
     run_manifests,
@@ -85,3 +88,20 @@ def test_audit_of_a_run_cut_short_ignores_trials_still_in_flight():
     answered = [(NAMESPACE, "r", "a", 0), (NAMESPACE, "r", "a", 1)]
     assert audit({"r": [_rec("a", 0)]}, answered, 5, ["a"], in_flight={("r", "a", 1)}) == []
     assert "no record" in audit({"r": [_rec("a", 0)]}, answered, 5, ["a"], in_flight={("r", "a", 7)})[0]
+
+
+def test_job_controller_delays_and_jobs_recorded_ahead_of_it():
+    obs = Observer(api_factory=None)
+    obs.pods = {"p1": PodTimes("r", "a100", 0.0, 10.0), "p2": PodTimes("r", "a100", 0.0, 12.0),
+                "p3": PodTimes("r", "a100", 0.0, None)}  # still running: neither
+    obs.job_of_pod = {"p1": "j1", "p2": "j2", "p3": "j3"}
+    obs.jobs_done = {"j1": 12.5}  # j2 was deleted before the Job controller marked it
+    delays, ahead = job_controller_delays(obs)
+    assert delays == [2.5] and ahead == 1
+
+
+def test_pod_waits_split_scheduling_from_starting():
+    pods = {"a": PodTimes("r", "p", started=3.0, finished=9.0, created=0.0, bound=2.0, unschedulable=True),
+            "b": PodTimes("r", "p", started=None, finished=None, created=1.0, bound=None)}  # still pending
+    scheduling, starting, full = pod_waits(pods)
+    assert scheduling == [2.0] and starting == [1.0] and full == 1

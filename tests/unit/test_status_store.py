@@ -106,12 +106,12 @@ def test_a_write_lost_to_a_connection_error_leaves_the_records_to_be_offered_aga
         def __init__(self):
             self.fail, self.written = True, []
 
-        def create_namespaced_config_map(self, namespace, body):
+        def create_namespaced_config_map(self, namespace, body, _preload_content=True):
             if self.fail:
                 self.fail = False
                 raise MaxRetryError(None, "/api/v1/namespaces/ns/configmaps", "connection refused")
             self.written.append(body)
-            return SimpleNamespace(metadata=SimpleNamespace(resource_version="1"))
+            return SimpleNamespace(data=b'{"metadata": {"resourceVersion": "1"}}')
 
     core = FlakyCore()
     store = ResultsStore(core, "ns", "run", "uid")

@@ -116,6 +116,9 @@ class PodTimes:
     target: str
     started: float | None = None
     finished: float | None = None
+    created: float | None = None
+    bound: float | None = None  # first seen with a node
+    unschedulable: bool = False  # the scheduler found its pool full at least once
 
 
 @dataclass
@@ -184,6 +187,13 @@ class Observer:
         if owner:
             self.job_of_pod.setdefault(meta["uid"], owner)
         times = self.pods.setdefault(meta["uid"], PodTimes(labels.get(RUN_LABEL, ""), labels.get(TARGET_LABEL, "")))
+        if times.created is None:
+            times.created = now
+        if (obj.get("spec") or {}).get("nodeName") and times.bound is None:
+            times.bound = now
+        if any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+               for c in (obj.get("status") or {}).get("conditions") or []):
+            times.unschedulable = True
         phase = (obj.get("status") or {}).get("phase")
         if phase == "Running" and times.started is None:
             times.started = now
@@ -248,14 +258,28 @@ def reaction_latencies(pods: dict[str, PodTimes], jobs: dict[str, tuple[str, str
     return out
 
 
-def job_controller_delays(obs: Observer) -> list[float]:
-    """Trial Pod's end → its Job seen Complete/Failed: the Job controller's part of the reaction."""
-    out = []
+def job_controller_delays(obs: Observer) -> tuple[list[float], int]:
+    """Trial Pod's end → its Job seen Complete/Failed (what waiting for the Job controller
+    would add to the reaction), and how many ended Pods' Jobs were deleted before that (the
+    operator read their verdict from the Pod)."""
+    out, ahead = [], 0
     for pod_uid, times in obs.pods.items():
+        if times.finished is None:
+            continue
         done = obs.jobs_done.get(obs.job_of_pod.get(pod_uid, ""))
-        if times.finished is not None and done is not None and done >= times.finished:
+        if done is None:
+            ahead += 1
+        elif done >= times.finished:
             out.append(done - times.finished)
-    return out
+    return out, ahead
+
+
+def pod_waits(pods: dict[str, PodTimes]) -> tuple[list[float], list[float], int]:
+    """Where a trial Pod waits before it runs: created → bound (the scheduler, and the pool
+    being full), bound → Running (kwok); and how many Pods the scheduler found no GPU for."""
+    scheduling = [p.bound - p.created for p in pods.values() if p.bound is not None and p.created is not None]
+    starting = [p.started - p.bound for p in pods.values() if p.started is not None and p.bound is not None]
+    return scheduling, starting, sum(p.unschedulable for p in pods.values())
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -327,6 +351,13 @@ class Report:
     latency_by_pool: dict[str, dict[str, float]] = field(default_factory=dict)
     job_controller_p50_s: float = float("nan")
     job_controller_p99_s: float = float("nan")
+    job_controller_n: int = 0
+    ahead_of_job_controller: int = 0
+    scheduling_p50_s: float = float("nan")
+    scheduling_p99_s: float = float("nan")
+    starting_p50_s: float = float("nan")
+    starting_p99_s: float = float("nan")
+    unschedulable_pods: int = 0
     utilisation: float = 0.0
     utilisation_steady: float = 0.0
     operator_cpu_s: float = 0.0
@@ -358,11 +389,15 @@ class Report:
         ]
         for pool, q in sorted(self.latency_by_pool.items()):
             lines.append(f"    {pool:<18} p50 {q['p50']:.2f} s  p99 {q['p99']:.2f} s  n={int(q['n'])}")
-        lines.append(f"    of which Pod end → Job Complete (Job controller): p50 {self.job_controller_p50_s:.2f} s, "
-                     f"p99 {self.job_controller_p99_s:.2f} s; the rest is the operator")
+        lines.append(f"    Job controller, Pod end → Job Complete/Failed: p50 {self.job_controller_p50_s:.2f} s, "
+                     f"p99 {self.job_controller_p99_s:.2f} s (n={self.job_controller_n}); "
+                     f"{self.ahead_of_job_controller} Jobs recorded from their Pod and deleted before that")
         lines += [
             f"  fleet utilisation:   {self.utilisation:.1%} overall, {self.utilisation_steady:.1%} steady state   "
             f"(target > 90 %: {mark(self.utilisation_steady > TARGETS['utilisation'])})",
+            f"    Pod created → bound p50 {self.scheduling_p50_s:.2f} s, p99 {self.scheduling_p99_s:.2f} s; "
+            f"bound → Running p50 {self.starting_p50_s:.2f} s, p99 {self.starting_p99_s:.2f} s; "
+            f"{self.unschedulable_pods} Pods found their pool full",
             f"  operator CPU:        {self.operator_cpu_s:.0f} s ({self.operator_cpu_share:.0%} of one core)",
             f"  operator peak RSS:   {gib:.2f} GiB   "
             f"(target < 1 GiB: {mark(self.operator_peak_rss_bytes < TARGETS['rss_bytes'])})",
@@ -546,8 +581,12 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         report.latency_by_pool = {p: {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "n": len(xs)}
                                   for p, xs in lat.items()}
         report.utilisation, report.utilisation_steady, _ = utilisation(observer.pods, args.gpus)
-        jc = job_controller_delays(observer)
+        jc, report.ahead_of_job_controller = job_controller_delays(observer)
         report.job_controller_p50_s, report.job_controller_p99_s = quantile(jc, 0.5), quantile(jc, 0.99)
+        report.job_controller_n = len(jc)
+        scheduling, starting, report.unschedulable_pods = pod_waits(observer.pods)
+        report.scheduling_p50_s, report.scheduling_p99_s = quantile(scheduling, 0.5), quantile(scheduling, 0.99)
+        report.starting_p50_s, report.starting_p99_s = quantile(starting, 0.5), quantile(starting, 0.99)
         if observer.errors:
             report.notes.append(f"watch errors: {observer.errors[-1]}")
         if sim.errors:

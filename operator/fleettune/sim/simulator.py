@@ -404,7 +404,9 @@ class FleetSimulator:
             # containerStatuses has no merge key: this list replaces kwok's `running` one.
             "containerStatuses": statuses,
         }}
-        core.patch_namespaced_pod_status(due.name, due.namespace, body, _request_timeout=10)
+        # Raw, and read: the client's model of the returned Pod is slow to build and not needed.
+        _ = core.patch_namespaced_pod_status(due.name, due.namespace, body, _request_timeout=10,
+                                             _preload_content=False).data
         outcome = Outcome(result.outcome).value
         with self._cv:
             self.answered.append(due.trial)
