@@ -95,7 +95,7 @@ def test_job_controller_delays_and_jobs_recorded_ahead_of_it():
     obs.pods = {"p1": PodTimes("r", "a100", 0.0, 10.0), "p2": PodTimes("r", "a100", 0.0, 12.0),
                 "p3": PodTimes("r", "a100", 0.0, None)}  # still running: neither
     obs.job_of_pod = {"p1": "j1", "p2": "j2", "p3": "j3"}
-    obs.jobs_done = {"j1": 12.5}  # j2 was deleted before the Job controller marked it
+    obs.jobs_done = {"j1": 12.5}  # j2 was deleted before the Job controller marked it (a run stopping)
     delays, ahead = job_controller_delays(obs)
     assert delays == [2.5] and ahead == 1
 

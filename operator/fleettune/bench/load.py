@@ -260,8 +260,8 @@ def reaction_latencies(pods: dict[str, PodTimes], jobs: dict[str, tuple[str, str
 
 def job_controller_delays(obs: Observer) -> tuple[list[float], int]:
     """Trial Pod's end → its Job seen Complete/Failed (what waiting for the Job controller
-    would add to the reaction), and how many ended Pods' Jobs were deleted before that (the
-    operator read their verdict from the Pod)."""
+    would add to the reaction; the operator reads a decisive verdict from the Pod), and how
+    many ended Pods' Jobs were deleted before that."""
     out, ahead = [], 0
     for pod_uid, times in obs.pods.items():
         if times.finished is None:
@@ -389,9 +389,9 @@ class Report:
         ]
         for pool, q in sorted(self.latency_by_pool.items()):
             lines.append(f"    {pool:<18} p50 {q['p50']:.2f} s  p99 {q['p99']:.2f} s  n={int(q['n'])}")
-        lines.append(f"    Job controller, Pod end → Job Complete/Failed: p50 {self.job_controller_p50_s:.2f} s, "
-                     f"p99 {self.job_controller_p99_s:.2f} s (n={self.job_controller_n}); "
-                     f"{self.ahead_of_job_controller} Jobs recorded from their Pod and deleted before that")
+        lines.append(f"    Pod end → Job Complete/Failed (the Job controller; the operator reads the Pod instead): "
+                     f"p50 {self.job_controller_p50_s:.2f} s, p99 {self.job_controller_p99_s:.2f} s "
+                     f"(n={self.job_controller_n}; {self.ahead_of_job_controller} Jobs deleted before)")
         lines += [
             f"  fleet utilisation:   {self.utilisation:.1%} overall, {self.utilisation_steady:.1%} steady state   "
             f"(target > 90 %: {mark(self.utilisation_steady > TARGETS['utilisation'])})",

@@ -42,9 +42,10 @@ from fleettune.results import decisive_end
 
 log = logging.getLogger(__name__)
 
-# Connections kept per apiserver: as many as the worker threads that may call at once,
-# so that concurrent steps do not open (and TLS-handshake) throw-away connections.
-POOL_CONNECTIONS = 32
+# Connections kept per apiserver: as many as the threads that may call at once (the
+# operator's 32 workers and Kube's 8 deleters), so that concurrent steps do not open (and
+# TLS-handshake) throw-away connections.
+POOL_CONNECTIONS = 40
 
 
 def load_api_client() -> client.ApiClient:

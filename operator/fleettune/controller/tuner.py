@@ -398,8 +398,12 @@ class RunLoop:
                     continue
                 running.setdefault(target, []).append(job)
                 continue
-            # Finished, or its Pod's end already decides it: no need to wait for the Job controller.
-            finished.append(job)
+            # Finished, or its Pod's end already decides it: no need to wait for the Job
+            # controller to record it and start the next trial. Deleting it can wait: a Job
+            # deleted before the Job controller is done with it leaves its Pod to the slower
+            # orphan path (the tracking finalizer), and the Pod lingers.
+            if ended is None:
+                finished.append(job)
             if (round_of(job), target, index) not in self.store:
                 unrecorded.append((job, target, index, [ended] if ended is not None else None))
         # One round trip for all of them, not one after another.
