@@ -379,9 +379,10 @@ class RunLoop:
     async def _collect(
         self, jobs: list[dict[str, Any]]
     ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-        """Store the records of finished Jobs (and of Jobs whose Pod's end already decides
-        them); return the running Jobs per pool, and the finished ones, which may be deleted
-        now that their records are durable."""
+        """Store the records of finished Jobs, and of Jobs whose Pod's end already decides
+        them (neither running nor deletable until the Job controller is done with them);
+        return the running Jobs per pool, and the finished ones, which may be deleted now
+        that their records are durable."""
         running: dict[str, list[dict[str, Any]]] = {}
         finished, unrecorded, fresh = [], [], []
         timings: dict[tuple[str, int], metrics.TrialTimings] = {}
