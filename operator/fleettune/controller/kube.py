@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
@@ -95,7 +95,7 @@ class WatchCache:
     TOMBSTONE_S = 300.0
 
     def __init__(self, required: Mapping[str, str] | None = None, resync_s: float = 30.0) -> None:
-        # Labels every Job fed to the cache carries (the watch's filter): only selectors
+        # Labels every object fed to the cache carries (the watch's filter): only selectors
         # that imply them can be answered from it.
         self.required = dict(required or {})
         self.resync_s = resync_s
@@ -143,18 +143,18 @@ class WatchCache:
     def _put(self, ns: str, name: str, uid: str | None, obj: Mapping[str, Any]) -> None:
         if uid is not None and uid in self._gone:
             return
-        jobs = self._objects.setdefault(ns, {})
-        old = jobs.get(name)
+        objects = self._objects.setdefault(ns, {})
+        old = objects.get(name)
         if old is not None and old.get("metadata", {}).get("uid") == uid and not _newer(obj, old):
             return
-        jobs[name] = dict(obj)
+        objects[name] = dict(obj)
 
     def _forget(self, ns: str, name: str, uid: str | None) -> str | None:
-        jobs = self._objects.get(ns, {})
-        old = jobs.get(name)
+        objects = self._objects.get(ns, {})
+        old = objects.get(name)
         if old is not None and (uid is None or old.get("metadata", {}).get("uid") == uid):
             uid = uid or old.get("metadata", {}).get("uid")
-            del jobs[name]
+            del objects[name]
         if uid:
             now = time.monotonic()
             self._gone[uid] = now
@@ -181,8 +181,8 @@ class WatchCache:
         with self._lock:
             self.hits += 1
             items = list(self._objects.get(namespace, {}).values())
-        return [j for j in items
-                if all((j.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
+        return [o for o in items
+                if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
 
     def listed(self, namespace: str, selector: str, items: list[dict[str, Any]], list_rv: str | None,
                started: float) -> None:
@@ -193,21 +193,37 @@ class WatchCache:
         snapshot = int(list_rv) if list_rv and list_rv.isdigit() else None
         with self._lock:
             self.lists += 1
-            jobs = self._objects.setdefault(namespace, {})
+            objects = self._objects.setdefault(namespace, {})
             names = set()
             for item in items:
                 meta = item.get("metadata") or {}
                 names.add(meta.get("name"))
                 self._put(namespace, meta.get("name"), meta.get("uid"), item)
-            for name, job in list(jobs.items()):
-                labels = job.get("metadata", {}).get("labels") or {}
+            for name, obj in list(objects.items()):
+                labels = obj.get("metadata", {}).get("labels") or {}
                 if name in names or any(labels.get(k) != v for k, v in wanted.items()):
                     continue
-                rv = _rv(job)
+                rv = _rv(obj)
                 # Missing from the list: gone, unless it changed after the list was taken.
                 if snapshot is None or rv is None or rv <= snapshot:
-                    del jobs[name]
+                    del objects[name]
             self._listed[(namespace, selector)] = started
+
+
+def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
+                 call: Callable[[], Any]) -> list[dict[str, Any]]:
+    """``selector``'s objects from ``cache`` when it is fresh, else from ``call`` (a raw list
+    request), whose answer then refreshes the cache."""
+    if cache is not None:
+        cached = cache.select(namespace, selector)
+        if cached is not None:
+            return cached
+    started = time.monotonic()
+    raw = json.loads(call().data)
+    items = raw["items"]
+    if cache is not None:
+        cache.listed(namespace, selector, items, (raw.get("metadata") or {}).get("resourceVersion"), started)
+    return items
 
 
 def _owning_job_uid(pod: Mapping[str, Any]) -> str | None:
@@ -247,11 +263,12 @@ class EndedPods:
             if event_type == "DELETED":
                 self._pods.pop(key, None)
                 return False
-            if key in self._pods or not decisive_end(dict(pod)):
+            body = dict(pod)
+            if key in self._pods or not decisive_end(body):
                 return False
             if len(self._pods) >= self.MAX_ENTRIES:
                 del self._pods[next(iter(self._pods))]
-            self._pods[key] = dict(pod)
+            self._pods[key] = body
             return True
 
     def job_deleted(self, namespace: str, job_uid: str | None) -> None:
@@ -304,19 +321,8 @@ class Kube:
 
         The bodies may be shared with the cache: do not modify them.
         """
-        cache = self.job_cache
-        if cache is not None:
-            cached = cache.select(namespace, selector)
-            if cached is not None:
-                return cached
-        started = time.monotonic()
-        raw = json.loads(
-            self.batch.list_namespaced_job(namespace, label_selector=selector, _preload_content=False).data
-        )
-        items = raw["items"]
-        if cache is not None:
-            cache.listed(namespace, selector, items, (raw.get("metadata") or {}).get("resourceVersion"), started)
-        return items
+        return _cached_list(self.job_cache, namespace, selector, lambda: self.batch.list_namespaced_job(
+            namespace, label_selector=selector, _preload_content=False))
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """Pods matching ``selector``.
@@ -359,17 +365,8 @@ class Kube:
 
         The bodies may be shared with the cache: do not modify them.
         """
-        cache = self.node_cache
-        if cache is not None:
-            cached = cache.select("", selector)
-            if cached is not None:
-                return cached
-        started = time.monotonic()
-        raw = json.loads(self.core.list_node(label_selector=selector, _preload_content=False).data)
-        items = raw["items"]
-        if cache is not None:
-            cache.listed("", selector, items, (raw.get("metadata") or {}).get("resourceVersion"), started)
-        return items
+        return _cached_list(self.node_cache, "", selector, lambda: self.core.list_node(
+            label_selector=selector, _preload_content=False))
 
     def create_job(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a Job; False if it already exists (a restarted operator adopting its work)."""

@@ -406,16 +406,10 @@ class RunLoop:
             if ended is None:
                 finished.append(job)
             if (round_of(job), target, index) not in self.store:
-                unrecorded.append((job, target, index, [ended] if ended is not None else None))
+                unrecorded.append((job, target, index, ended))
         # One round trip for all of them, not one after another.
-        listed = iter(await asyncio.gather(*(
-            asyncio.to_thread(
-                self.kube.list_pods, self.namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}"
-            )
-            for job, _, _, pods in unrecorded if pods is None
-        )))
-        for job, target, index, ended_pods in unrecorded:
-            pods = ended_pods if ended_pods is not None else next(listed)
+        pod_lists = await asyncio.gather(*(self._pods_of(job, ended) for job, _, _, ended in unrecorded))
+        for (job, target, index, _), pods in zip(unrecorded, pod_lists, strict=True):
             trial = trial_of(job)
             several = target != target_of_key(target)  # one of several problem sizes
             fresh.append(record_from_job(job, pods, trial.config, round_of(job),
@@ -433,6 +427,13 @@ class RunLoop:
                     f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",
                 )
         return running, finished
+
+    async def _pods_of(self, job: dict[str, Any], ended: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The Pods a Job's verdict is read from: its decisive Pod when the watch showed one."""
+        if ended is not None:
+            return [ended]
+        selector = f"batch.kubernetes.io/job-name={job['metadata']['name']}"
+        return await asyncio.to_thread(self.kube.list_pods, self.namespace, selector)
 
     async def _delete_jobs(self, jobs: list[dict[str, Any]]) -> None:
         await asyncio.gather(*(
