@@ -13,6 +13,7 @@ from fleettune.bench.load import (
     PodTimes,
     audit,
     bench_fleet,
+    idle_breakdown,
     job_controller_delays,
     pod_waits,
     quantile,
@@ -105,3 +106,18 @@ def test_pod_waits_split_scheduling_from_starting():
             "b": PodTimes("r", "p", started=None, finished=None, created=1.0, bound=None)}  # still pending
     scheduling, starting, full = pod_waits(pods)
     assert scheduling == [2.0] and starting == [1.0] and full == 1
+
+
+def test_idle_breakdown_attributes_each_idle_gpu_second_once():
+    # A pool of 2 GPUs over [0, 10): Pod x runs 0-10 on one GPU. Pod y is created at 2, waits
+    # for a node until 4, is bound but not running until 5, runs 5-10. So the second GPU is
+    # idle 0-2 (no Pod), 2-4 (scheduler), 4-5 (kwok).
+    pods = {
+        "x": PodTimes("r", "p", created=0.0, bound=0.0, started=0.0, finished=10.0),
+        "y": PodTimes("r", "p", created=2.0, bound=4.0, started=5.0, finished=10.0),
+    }
+    shares = idle_breakdown(pods, {"p": 2}, (0.0, 10.0))
+    assert shares == pytest.approx({"kwok": 0.05, "scheduler": 0.10, "no Pod": 0.10})
+    # A waiting Pod only explains idle GPUs: with one GPU, y's wait is not idle time.
+    assert idle_breakdown(pods, {"p": 1}, (0.0, 10.0)) == pytest.approx(
+        {"kwok": 0.0, "scheduler": 0.0, "no Pod": 0.0})

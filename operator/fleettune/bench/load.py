@@ -141,7 +141,9 @@ class Observer:
         return threads
 
     def _watch(self, kind: str) -> None:
-        from kubernetes import client, watch
+        from kubernetes import client
+
+        from fleettune.sim.rawwatch import WatchExpired, raw_list, raw_watch
 
         api = self.api_factory()
         lister = (client.CoreV1Api(api).list_namespaced_pod if kind == "pods"
@@ -150,23 +152,18 @@ class Observer:
         while not self.stop.is_set():
             try:
                 if rv is None:
-                    resp = lister(NAMESPACE, label_selector=MANAGED, _preload_content=False, _request_timeout=60)
-                    raw = json.loads(resp.data)
-                    for item in raw["items"]:
+                    items, rv = raw_list(lister, NAMESPACE, label_selector=MANAGED, _request_timeout=60)
+                    for item in items:
                         self._seen(kind, item)
-                    rv = raw["metadata"]["resourceVersion"]
-                w = watch.Watch()
-                for ev in w.stream(lister, NAMESPACE, label_selector=MANAGED, resource_version=rv,
-                                   timeout_seconds=5, allow_watch_bookmarks=True, _preload_content=False):
-                    obj = ev["raw_object"]
-                    if ev["type"] == "ERROR":
-                        rv = None
-                        break
+                for event, obj in raw_watch(lister, NAMESPACE, label_selector=MANAGED, resource_version=rv,
+                                            timeout_seconds=5, allow_watch_bookmarks=True):
                     rv = obj["metadata"]["resourceVersion"]
-                    if ev["type"] in ("ADDED", "MODIFIED"):
+                    if event in ("ADDED", "MODIFIED"):
                         self._seen(kind, obj)
                     if self.stop.is_set():
-                        w.stop()
+                        break
+            except WatchExpired:
+                rv = None
             except Exception as exc:  # keep watching through hiccups
                 self.errors = [*self.errors[-20:], f"{kind}: {type(exc).__name__}: {exc}"]
                 rv = None
@@ -299,10 +296,64 @@ def utilisation(pods: dict[str, PodTimes], gpus: int) -> tuple[float, float, flo
     def busy(a: float, b: float) -> float:
         return sum(max(0.0, min(e, b) - max(s, a)) for s, e in spans)
 
-    ends = sorted(e for _, e in spans)
-    a, b = ends[len(ends) // 10], ends[(9 * len(ends)) // 10]
+    a, b = steady_window(pods)
     steady = busy(a, b) / (gpus * (b - a)) if b > a else float("nan")
     return busy(t0, t1) / (gpus * (t1 - t0)), steady, t1 - t0
+
+
+def steady_window(pods: dict[str, PodTimes]) -> tuple[float, float]:
+    """From the 10 % to the 90 % trial end: the fleet's steady state."""
+    ends = sorted(p.finished for p in pods.values() if p.started is not None and p.finished is not None)
+    return (ends[len(ends) // 10], ends[(9 * len(ends)) // 10]) if ends else (0.0, 0.0)
+
+
+IDLE_CAUSES = ("kwok", "scheduler", "no Pod")
+
+
+def idle_breakdown(pods: dict[str, PodTimes], capacity: dict[str, int],
+                   window: tuple[float, float]) -> dict[str, float]:
+    """Why GPUs sat idle in ``window``, as shares of all GPU-seconds: a Pod was bound to them
+    but not yet Running (kwok), a Pod of the pool was waiting for a node (the scheduler, or
+    its back-off after finding the pool full), or no Pod wanted one (the operator and the
+    Job controller had not made the next one yet). Counted per pool, in that order."""
+    a, b = window
+    idle = dict.fromkeys(IDLE_CAUSES, 0.0)
+    for pool, cap in capacity.items():
+        # (time, Δwaiting for a node, Δbound not running, Δrunning)
+        events: list[tuple[float, int, int, int]] = []
+        for p in pods.values():
+            if p.target != pool or p.created is None:
+                continue
+            bound = p.bound if p.bound is not None else p.started
+            end = p.finished
+            events.append((p.created, 1, 0, 0))
+            if bound is None:
+                if end is not None:
+                    events.append((end, -1, 0, 0))
+                continue
+            events.append((bound, -1, 1, 0))
+            start = p.started if p.started is not None else end
+            if start is None:
+                continue
+            events.append((start, 0, -1, 1))
+            if end is not None:
+                events.append((end, 0, 0, -1))
+        events.sort()
+        waiting = starting = running = 0
+        last = a
+        for t, dw, ds, dr in [*events, (b, 0, 0, 0)]:
+            lo, hi = max(last, a), min(t, b)
+            if hi > lo:
+                free = max(0, cap - running)
+                kwok = min(free, starting)
+                sched = min(free - kwok, waiting)
+                idle["kwok"] += kwok * (hi - lo)
+                idle["scheduler"] += sched * (hi - lo)
+                idle["no Pod"] += (free - kwok - sched) * (hi - lo)
+            last = max(last, t)
+            waiting, starting, running = waiting + dw, starting + ds, running + dr
+    total = sum(capacity.values()) * (b - a)
+    return {k: v / total for k, v in idle.items()} if total > 0 else idle
 
 
 def audit(records: dict[str, list[Any]], answered: list[tuple[str, str, str, int]], budget: int,
@@ -360,8 +411,10 @@ class Report:
     unschedulable_pods: int = 0
     utilisation: float = 0.0
     utilisation_steady: float = 0.0
+    idle_steady: dict[str, float] = field(default_factory=dict)  # cause -> share of GPU-seconds
     operator_cpu_s: float = 0.0
     operator_cpu_share: float = 0.0
+    harness_cpu_s: float = 0.0  # this process: the fleet simulator and the observers
     operator_peak_rss_bytes: int = 0
     api_requests_per_s: float = 0.0
     api_top: list[tuple[str, float]] = field(default_factory=list)
@@ -398,7 +451,10 @@ class Report:
             f"    Pod created → bound p50 {self.scheduling_p50_s:.2f} s, p99 {self.scheduling_p99_s:.2f} s; "
             f"bound → Running p50 {self.starting_p50_s:.2f} s, p99 {self.starting_p99_s:.2f} s; "
             f"{self.unschedulable_pods} Pods found their pool full",
-            f"  operator CPU:        {self.operator_cpu_s:.0f} s ({self.operator_cpu_share:.0%} of one core)",
+            "    idle GPU time in the steady state: " + ", ".join(
+                f"{share:.1%} {cause}" for cause, share in self.idle_steady.items()),
+            f"  operator CPU:        {self.operator_cpu_s:.0f} s ({self.operator_cpu_share:.0%} of one core); "
+            f"the benchmark's own (simulator, observers): {self.harness_cpu_s:.0f} s",
             f"  operator peak RSS:   {gib:.2f} GiB   "
             f"(target < 1 GiB: {mark(self.operator_peak_rss_bytes < TARGETS['rss_bytes'])})",
             f"  suggestion time:     {self.suggestion_s:.1f} s in total (operator metrics)",
@@ -513,7 +569,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         observer.start()
         time.sleep(3)  # the operator's start-up (imports) is not part of the run
         req0 = apiserver_requests(api)
-        cpu0 = proc_cpu_seconds(operator.pid)
+        cpu0, harness0 = proc_cpu_seconds(operator.pid), time.process_time()
         t0 = time.time()
         for doc in docs:
             custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, doc)
@@ -548,10 +604,11 @@ def run_benchmark(args: argparse.Namespace) -> Report:
             report.operator_cpu_s = proc_cpu_seconds(operator.pid) - cpu0
             report.operator_peak_rss_bytes = proc_peak_rss(operator.pid)
         report.operator_cpu_share = report.operator_cpu_s / wall if wall else 0.0
+        report.harness_cpu_s = time.process_time() - harness0
         req = apiserver_requests(api)
         delta = Counter({k: req[k] - req0.get(k, 0.0) for k in req})
         report.api_requests_per_s = sum(delta.values()) / wall
-        report.api_top = [(f"{verb} {res}", n / wall) for (verb, res), n in delta.most_common(8)]
+        report.api_top = [(f"{verb} {res}", n / wall) for (verb, res), n in delta.most_common()]
         report.suggestion_s = _scrape_suggestion_seconds(metrics_port)
 
         items = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
@@ -581,6 +638,8 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         report.latency_by_pool = {p: {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "n": len(xs)}
                                   for p, xs in lat.items()}
         report.utilisation, report.utilisation_steady, _ = utilisation(observer.pods, args.gpus)
+        capacity = {pool.name: pool.nodes * pool.gpu.per_node for pool in fleet.pools}
+        report.idle_steady = idle_breakdown(observer.pods, capacity, steady_window(observer.pods))
         jc, report.ahead_of_job_controller = job_controller_delays(observer)
         report.job_controller_p50_s, report.job_controller_p99_s = quantile(jc, 0.5), quantile(jc, 0.99)
         report.job_controller_n = len(jc)

@@ -14,7 +14,9 @@ and no message); ``fleettune cluster up`` does not load it.
 
 API calls (reading a Pod's node when it starts, writing its result when it ends) run on a
 small pool of worker threads, so that a fleet of hundreds of GPUs is answered on time even
-when every call waits tens of milliseconds on a busy apiserver.
+when every call waits tens of milliseconds on a busy apiserver. Pods are handled as raw
+JSON, and a Pod's last state comes from the watch, not from a read before its result is
+written: at fleet scale the simulator shares the machine with the control plane it feeds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from kubernetes.client import ApiException
 
 from fleettune.cluster.fleet import KWOK_ANNOTATION, POOL_LABEL, Fleet, Pool
 from fleettune.sim.answer import DEFAULT_COMPILE_S, Answer, answer_trial, infra
@@ -52,6 +56,8 @@ class _Due:
     node: str
     answer: Answer
     trial: tuple[str, str, str, int]
+    containers: list[tuple[str, str]]  # (name, image)
+    started: dict[str, str]  # container name -> startedAt
     tries: int = 0
 
 
@@ -59,19 +65,28 @@ def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _trial_env(pod: Any) -> str | None:
-    containers = list(pod.spec.containers or [])
+def _trial_env(pod: dict[str, Any]) -> str | None:
+    containers = list((pod.get("spec") or {}).get("containers") or [])
     # The job's container is named `trial`; fall back to any container carrying the env.
-    containers.sort(key=lambda c: c.name != CONTAINER_NAME)
+    containers.sort(key=lambda c: c.get("name") != CONTAINER_NAME)
     for c in containers:
-        for env in c.env or []:
-            if env.name == TRIAL_ENV:
-                return env.value
+        for env in c.get("env") or []:
+            if env.get("name") == TRIAL_ENV:
+                return env.get("value")
     return None
 
 
-def _trial_id(pod: Any) -> tuple[str, str, str, int]:
-    ns = pod.metadata.namespace
+def _started_at(pod: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        begun = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+        if begun:
+            out[status["name"]] = begun
+    return out
+
+
+def _trial_id(pod: dict[str, Any]) -> tuple[str, str, str, int]:
+    ns = pod["metadata"].get("namespace", "")
     text = _trial_env(pod)
     try:
         trial = Trial.from_env(text or "")
@@ -109,6 +124,7 @@ class FleetSimulator:
         self.workers = max(1, workers)
         self._seen: set[str] = set()
         self._starting: set[str] = set()  # Pods whose node is being read
+        self._running: dict[str, bool] = {}  # uid -> Running and not being deleted, per the watch
         self._local = threading.local()
         self._answering = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -194,37 +210,32 @@ class FleetSimulator:
         self.errors = [*self.errors[-49:], msg]
 
     def _watch_loop(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client import ApiException
+        from fleettune.sim.rawwatch import WatchExpired, raw_list, raw_watch
 
         core = self._api()
         rv: str | None = None
         while not self._stop.is_set():
             try:
                 if rv is None:
-                    pods = core.list_pod_for_all_namespaces(label_selector=self.label_selector,
-                                                            _request_timeout=30)
-                    for pod in pods.items:
-                        self._consider(pod)
-                    rv = pods.metadata.resource_version
-                w = watch.Watch()
+                    pods, rv = raw_list(core.list_pod_for_all_namespaces, label_selector=self.label_selector,
+                                        _request_timeout=30)
+                    live = {p["metadata"]["uid"] for p in pods}
+                    with self._cv:  # Pods deleted while we were not watching
+                        for uid in [u for u in self._running if u not in live]:
+                            del self._running[uid]
+                    for pod in pods:
+                        self._consider("ADDED", pod)
                 # Short server-side timeouts keep stop() prompt; resuming from rv loses nothing.
-                for ev in w.stream(core.list_pod_for_all_namespaces, label_selector=self.label_selector,
-                                   resource_version=rv, timeout_seconds=1, allow_watch_bookmarks=True,
-                                   _request_timeout=30):
-                    if ev["type"] == "ERROR":
-                        raw = ev.get("raw_object") or {}
-                        if raw.get("code") == 410:
-                            rv = None
-                            break
-                        raise RuntimeError(f"watch error: {raw}")
-                    pod = ev["object"]
-                    rv = pod.metadata.resource_version
-                    if ev["type"] in ("ADDED", "MODIFIED"):
-                        self._consider(pod)
+                for kind, pod in raw_watch(core.list_pod_for_all_namespaces, label_selector=self.label_selector,
+                                           resource_version=rv, timeout_seconds=1, allow_watch_bookmarks=True,
+                                           _request_timeout=30):
+                    rv = pod["metadata"]["resourceVersion"]
+                    if kind != "BOOKMARK":
+                        self._consider(kind, pod)
                     if self._stop.is_set():
-                        w.stop()
                         break
+            except WatchExpired:
+                rv = None
             except ApiException as exc:
                 if exc.status == 410:
                     rv = None
@@ -235,63 +246,69 @@ class FleetSimulator:
                 self._record_error(f"watching pods: {type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
-    def _consider(self, pod: Any) -> None:
-        """A Pod event: a Pod newly Running gets its node read and its answer scheduled, on
-        the worker pool (the watch thread must not wait on the API)."""
-        uid = pod.metadata.uid
-        if (uid in self._seen or pod.metadata.deletion_timestamp is not None
-                or not pod.spec.node_name or (pod.status.phase or "") != "Running"):
-            return
+    def _consider(self, kind: str, pod: dict[str, Any]) -> None:
+        """A Pod event: note whether it is still running, and schedule the answer of a Pod
+        newly Running on the worker pool (the watch thread must not wait on the API)."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        running = (kind != "DELETED" and meta.get("deletionTimestamp") is None and bool(node)
+                   and (pod.get("status") or {}).get("phase") == "Running")
         with self._cv:
-            if uid in self._starting:
+            if not running:
+                self._running.pop(uid, None)
+                return
+            self._running[uid] = True
+            if uid in self._seen or uid in self._starting:
                 return
             self._starting.add(uid)
         if not self._submit(self._start_on_worker, pod):
             with self._cv:
                 self._starting.discard(uid)
 
-    def _start_on_worker(self, pod: Any) -> None:
+    def _start_on_worker(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
         try:
             self._start(self._worker_api(), pod)
         except Exception as exc:  # a bug must not kill the pool's thread silently
-            self._record_error(f"starting {pod.metadata.namespace}/{pod.metadata.name}: {type(exc).__name__}: {exc}")
+            self._record_error(f"starting {meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
         finally:
             with self._cv:
-                self._starting.discard(pod.metadata.uid)
+                self._starting.discard(meta["uid"])
 
-    def _start(self, core: Any, pod: Any) -> None:
-        from kubernetes.client import ApiException
-
-        uid = pod.metadata.uid
+    def _start(self, core: Any, pod: dict[str, Any]) -> None:
+        meta, node_name = pod["metadata"], pod["spec"]["nodeName"]
+        uid = meta["uid"]
         if uid in self._seen:
             return
         try:
             # Raw: only the annotations and labels are needed, not the client's models.
-            resp = core.read_node(pod.spec.node_name, _request_timeout=10, _preload_content=False)
+            resp = core.read_node(node_name, _request_timeout=10, _preload_content=False)
             node: dict[str, Any] | None = json.loads(resp.data)
         except ApiException as exc:
             if exc.status != 404:
                 # One pod must not stall the others: note it, retry on its next event.
-                self._record_error(f"reading node {pod.spec.node_name}: HTTP {exc.status} {exc.reason}")
+                self._record_error(f"reading node {node_name}: HTTP {exc.status} {exc.reason}")
                 return
             node = None  # a pod bound to a node that is gone: nobody's GPU, leave it to pod GC
-        meta = (node or {}).get("metadata") or {}
-        if node is None or (meta.get("annotations") or {}).get(KWOK_ANNOTATION) != "fake":
+        node_meta = (node or {}).get("metadata") or {}
+        if node is None or (node_meta.get("annotations") or {}).get(KWOK_ANNOTATION) != "fake":
             with self._cv:
                 if uid not in self._seen:
                     self._seen.add(uid)
                     self.ignored += 1
             return
-        labels = dict(meta.get("labels") or {})
+        labels = dict(node_meta.get("labels") or {})
         try:
             with self._answering:  # the models (and their noise generators) are not shared between threads
                 answer = self.answer(pod, labels)
         except Exception as exc:  # a bug or an unreadable recording: fail this trial, not the loop
-            self._record_error(f"answering {pod.metadata.namespace}/{pod.metadata.name}: {exc!r}")
+            self._record_error(f"answering {meta.get('namespace')}/{meta.get('name')}: {exc!r}")
             answer = infra(f"internal error: {exc!r}")
         due = _Due(at=time.monotonic() + answer.duration_s * self.time_scale, seq=next(self._seq),
-                   namespace=pod.metadata.namespace, name=pod.metadata.name, uid=uid,
-                   node=pod.spec.node_name, answer=answer, trial=_trial_id(pod))
+                   namespace=meta["namespace"], name=meta["name"], uid=uid, node=node_name, answer=answer,
+                   trial=_trial_id(pod), started=_started_at(pod),
+                   containers=[(c["name"], c.get("image", "")) for c in pod["spec"]["containers"]])
         with self._cv:
             if uid in self._seen:
                 return
@@ -299,13 +316,13 @@ class FleetSimulator:
             heapq.heappush(self._heap, due)
             self._cv.notify_all()
 
-    def answer(self, pod: Any, node_labels: dict[str, str]) -> Answer:
+    def answer(self, pod: dict[str, Any], node_labels: dict[str, str]) -> Answer:
         """The result for a Pod on a node with these labels (no API calls)."""
         pool_name = node_labels.get(POOL_LABEL)
         try:
             pool = self.fleet.pool(pool_name or "")
         except KeyError:
-            return infra(f"node {pod.spec.node_name} has no pool of the fleet ({POOL_LABEL}={pool_name})")
+            return infra(f"node {pod['spec'].get('nodeName')} has no pool of the fleet ({POOL_LABEL}={pool_name})")
         text = _trial_env(pod)
         if text is None:
             return infra(f"no {TRIAL_ENV} value in the pod's containers", pool, node_labels)
@@ -364,49 +381,47 @@ class FleetSimulator:
                     self._cv.notify_all()
 
     def _complete(self, core: Any, due: _Due) -> None:
-        from kubernetes.client import ApiException
-
-        try:
-            pod = core.read_namespaced_pod(due.name, due.namespace, _request_timeout=10)
-        except ApiException as exc:
-            if exc.status == 404:
-                return  # deleted meanwhile (run cancelled, Job deleted)
-            raise
-        if (pod.metadata.uid != due.uid or pod.metadata.deletion_timestamp is not None
-                or pod.status.phase != "Running"):
-            return
+        with self._cv:
+            if not self._running.get(due.uid):
+                return  # deleted, being deleted, or ended meanwhile (run cancelled, Job deleted)
         result = due.answer.result
         code = result.exit_code
         now = _now_rfc3339()
-        started = {s.name: s.state.running.started_at for s in (pod.status.container_statuses or [])
-                   if s.state and s.state.running}
+        names = [name for name, _ in due.containers]
+        trial_container = CONTAINER_NAME if CONTAINER_NAME in names else names[0]
         statuses = []
-        trial_container = next((c.name for c in pod.spec.containers if c.name == CONTAINER_NAME),
-                               pod.spec.containers[0].name)
-        for c in pod.spec.containers:
-            mine = c.name == trial_container
-            begun = started.get(c.name)
+        for name, image in due.containers:
+            mine = name == trial_container
             terminated = {
                 "exitCode": code if mine else 0,
                 "reason": ("Completed" if code == 0 else "Error") if mine else "Completed",
-                "startedAt": begun.strftime("%Y-%m-%dT%H:%M:%SZ") if begun else now,
+                "startedAt": due.started.get(name) or now,
                 "finishedAt": now,
             }
             if mine:
                 terminated["message"] = result.encode()
-            statuses.append({"name": c.name, "image": c.image, "imageID": "", "ready": False,
+            statuses.append({"name": name, "image": image, "imageID": "", "ready": False,
                              "restartCount": 0, "started": False, "state": {"terminated": terminated}})
         phase = "Succeeded" if code == 0 else "Failed"
         condition = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
-        body = {"status": {
-            "phase": phase,
-            "conditions": [{"type": "Ready", **condition}, {"type": "ContainersReady", **condition}],
-            # containerStatuses has no merge key: this list replaces kwok's `running` one.
-            "containerStatuses": statuses,
-        }}
-        # Raw, and read: the client's model of the returned Pod is slow to build and not needed.
-        _ = core.patch_namespaced_pod_status(due.name, due.namespace, body, _request_timeout=10,
-                                             _preload_content=False).data
+        body = {
+            # The uid is immutable: a Pod re-created under the same name meanwhile rejects the patch.
+            "metadata": {"uid": due.uid},
+            "status": {
+                "phase": phase,
+                "conditions": [{"type": "Ready", **condition}, {"type": "ContainersReady", **condition}],
+                # containerStatuses has no merge key: this list replaces kwok's `running` one.
+                "containerStatuses": statuses,
+            },
+        }
+        try:
+            # Raw, and read: the client's model of the returned Pod is slow to build and not needed.
+            _ = core.patch_namespaced_pod_status(due.name, due.namespace, body, _request_timeout=10,
+                                                 _preload_content=False).data
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return  # gone, or another Pod by now
+            raise
         outcome = Outcome(result.outcome).value
         with self._cv:
             self.answered.append(due.trial)

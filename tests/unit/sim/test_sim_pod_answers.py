@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from kubernetes import client
-
 from fleettune.cluster.fleet import default_fleet
 from fleettune.sim import FleetSimulator
 from fleettune_job.protocol import EXIT_CODES, TRIAL_ENV, Outcome, Trial
@@ -13,13 +11,13 @@ CONFIG = {"block_size_x": 32, "block_size_y": 4, "tile_size_x": 1, "tile_size_y"
           "use_padding": 0, "use_shmem": 1}
 
 
-def _pod(env: str | None, container: str = "trial") -> client.V1Pod:
-    envs = [client.V1EnvVar(name=TRIAL_ENV, value=env)] if env is not None else []
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name="p", namespace="ns", uid="u"),
-        spec=client.V1PodSpec(node_name="a100-0", containers=[
-            client.V1Container(name="sidecar", image="s"), client.V1Container(name=container, image="t", env=envs)]),
-    )
+def _pod(env: str | None, container: str = "trial") -> dict:
+    envs = [{"name": TRIAL_ENV, "value": env}] if env is not None else []
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+        "spec": {"nodeName": "a100-0", "containers": [
+            {"name": "sidecar", "image": "s"}, {"name": container, "image": "t", "env": envs}]},
+    }
 
 
 def _trial(**kw) -> str:
