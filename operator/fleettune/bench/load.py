@@ -7,11 +7,14 @@ budgets add up to T trials, waits for them to finish and prints:
 
 * trials per minute; fleet utilisation (GPU-seconds holding a trial Pod between its
   start and end / GPUs × wall time), overall and in the steady state (10 %-90 % of
-  trials);
+  trials), and why the steady state's idle GPUs were idle: a Pod bound to them not yet
+  Running (kwok), a Pod of their pool waiting for a node (the scheduler), or no Pod at
+  all (the operator and the Job controller);
 * p50/p99 reaction latency: from a trial Pod finishing (seen on a watch) to the next Job
   the operator creates for the same run and pool (FIFO matching, the opening burst of
   each run excluded);
-* operator CPU seconds and peak RSS (VmHWM); API requests per second (the apiserver's
+* operator CPU seconds and peak RSS (VmHWM), and the CPU of this process (simulator and
+  observers, which share the machine with the control plane); API requests per second (the apiserver's
   ``apiserver_request_total`` delta, every client included) and the busiest verbs;
 * the largest TuningRun object (JSON bytes, sampled during and after the run);
 * an audit: the results store against the simulator's answers (no loss, no duplicate

@@ -124,7 +124,7 @@ class FleetSimulator:
         self.workers = max(1, workers)
         self._seen: set[str] = set()
         self._starting: set[str] = set()  # Pods whose node is being read
-        self._running: dict[str, bool] = {}  # uid -> Running and not being deleted, per the watch
+        self._running: set[str] = set()  # Pods Running and not being deleted, per the watch
         self._local = threading.local()
         self._answering = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -221,8 +221,7 @@ class FleetSimulator:
                                         _request_timeout=30)
                     live = {p["metadata"]["uid"] for p in pods}
                     with self._cv:  # Pods deleted while we were not watching
-                        for uid in [u for u in self._running if u not in live]:
-                            del self._running[uid]
+                        self._running &= live
                     for pod in pods:
                         self._consider("ADDED", pod)
                 # Short server-side timeouts keep stop() prompt; resuming from rv loses nothing.
@@ -256,9 +255,9 @@ class FleetSimulator:
                    and (pod.get("status") or {}).get("phase") == "Running")
         with self._cv:
             if not running:
-                self._running.pop(uid, None)
+                self._running.discard(uid)
                 return
-            self._running[uid] = True
+            self._running.add(uid)
             if uid in self._seen or uid in self._starting:
                 return
             self._starting.add(uid)
@@ -382,7 +381,7 @@ class FleetSimulator:
 
     def _complete(self, core: Any, due: _Due) -> None:
         with self._cv:
-            if not self._running.get(due.uid):
+            if due.uid not in self._running:
                 return  # deleted, being deleted, or ended meanwhile (run cancelled, Job deleted)
         result = due.answer.result
         code = result.exit_code
