@@ -322,25 +322,16 @@ def idle_breakdown(pods: dict[str, PodTimes], capacity: dict[str, int],
     a, b = window
     idle = dict.fromkeys(IDLE_CAUSES, 0.0)
     for pool, cap in capacity.items():
-        # (time, Δwaiting for a node, Δbound not running, Δrunning)
+        # (time, Δwaiting for a node, Δbound not running, Δrunning); a stage not seen yet
+        # ends with the next one seen, or never.
         events: list[tuple[float, int, int, int]] = []
         for p in pods.values():
             if p.target != pool or p.created is None:
                 continue
-            bound = p.bound if p.bound is not None else p.started
-            end = p.finished
-            events.append((p.created, 1, 0, 0))
-            if bound is None:
-                if end is not None:
-                    events.append((end, -1, 0, 0))
-                continue
-            events.append((bound, -1, 1, 0))
+            end = p.finished if p.finished is not None else math.inf
             start = p.started if p.started is not None else end
-            if start is None:
-                continue
-            events.append((start, 0, -1, 1))
-            if end is not None:
-                events.append((end, 0, 0, -1))
+            bound = p.bound if p.bound is not None else start
+            events += [(p.created, 1, 0, 0), (bound, -1, 1, 0), (start, 0, -1, 1), (end, 0, 0, -1)]
         events.sort()
         waiting = starting = running = 0
         last = a

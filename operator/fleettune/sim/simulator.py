@@ -38,6 +38,7 @@ from kubernetes.client import ApiException
 
 from fleettune.cluster.fleet import KWOK_ANNOTATION, POOL_LABEL, Fleet, Pool
 from fleettune.sim.answer import DEFAULT_COMPILE_S, Answer, answer_trial, infra
+from fleettune.sim.rawwatch import WatchExpired, raw_list, raw_watch
 from fleettune.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
 from fleettune_job.protocol import CONTAINER_NAME, TRIAL_ENV, Outcome, Trial
 
@@ -210,8 +211,6 @@ class FleetSimulator:
         self.errors = [*self.errors[-49:], msg]
 
     def _watch_loop(self) -> None:
-        from fleettune.sim.rawwatch import WatchExpired, raw_list, raw_watch
-
         core = self._api()
         rv: str | None = None
         while not self._stop.is_set():
@@ -220,8 +219,8 @@ class FleetSimulator:
                     pods, rv = raw_list(core.list_pod_for_all_namespaces, label_selector=self.label_selector,
                                         _request_timeout=30)
                     live = {p["metadata"]["uid"] for p in pods}
-                    with self._cv:  # Pods deleted while we were not watching
-                        self._running &= live
+                    with self._cv:  # forget Pods deleted while we were not watching (not all: a
+                        self._running &= live  # running Pod's result may be written meanwhile)
                     for pod in pods:
                         self._consider("ADDED", pod)
                 # Short server-side timeouts keep stop() prompt; resuming from rv loses nothing.
