@@ -6,6 +6,8 @@
 * the feasibility model additionally gets linear positive size-like parameters on a
   log scale: GPU resource limits are products of sizes (threads = bx*by, registers ~
   block x tile), and a product threshold is a straight boundary in log coordinates;
+* integer sizes that reach a warp (32) whose values are not all powers of two get a
+  second objective column, the value's power-of-two divisibility (see `alignment`);
 * numeric and permutation columns are used as the space encodes them.
 """
 
@@ -16,11 +18,36 @@ from typing import Any
 import numpy as np
 
 LOG_RATIO = 4.0  # max/min above which a positive linear parameter also counts on a log scale
+WARP = 32  # sizes that reach a warp get a divisibility column (see `alignment`)
 
 
 def _normalise(v: np.ndarray) -> np.ndarray:
     lo, hi = float(v.min()), float(v.max())
     return np.zeros_like(v) if hi <= lo else (v - lo) / (hi - lo)
+
+
+def alignment(values: np.ndarray) -> np.ndarray | None:
+    """The largest power of two dividing each value, on a normalised log scale, for
+    sizes that reach a warp; None where it would say nothing new (not positive
+    integers, all powers of two, or all equally divisible) or for small factors.
+
+    GPU kernel times jump with divisibility: warps of 32, memory transactions of 32 to
+    128 bytes, and a problem size (usually a power of two) that a block x tile divides
+    evenly or leaves a ragged, half-idle last block. In a smooth kernel over the value,
+    48 sits between 32 and 64 and must behave like them; with this column it can be
+    told apart from both. On the recorded A4000 convolution space, block widths 32, 64,
+    128 and 256 all come within 2 % of the optimum; the widths between them (48, 80,
+    96, …) reach at most 81 %. Small factors (tiles of 1..8) change the work per
+    thread smoothly; there the column is noise the model must first learn to ignore
+    (on the unit tests' smooth tile: 0.93 -> 0.73 of the optimum after 30 trials).
+    """
+    if values.max() < WARP or not np.all((values == np.round(values)) & (values > 0)):
+        return None
+    ints = values.astype(np.int64)
+    if np.all((ints & (ints - 1)) == 0):
+        return None  # the log of the value already is its divisibility
+    twos = np.log2((ints & -ints).astype(np.float64))
+    return None if twos.max() <= twos.min() else _normalise(twos)
 
 
 def model_features(space: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[str, slice]]]:
@@ -48,6 +75,11 @@ def model_features(space: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
                 feas_cols.append(_normalise(np.log(vals))[rows[:, j]].reshape(-1, 1) if sizes else col)
                 out_groups.append(("numeric", slice(width, width + 1)))
                 width += 1
+                aligned = alignment(vals)
+                if aligned is not None:
+                    obj_cols.append(aligned[rows[:, j]].reshape(-1, 1))
+                    out_groups.append(("numeric", slice(width, width + 1)))
+                    width += 1
             else:
                 k = len(p.values)
                 onehot = np.zeros((len(rows), max(k, 1)))

@@ -12,8 +12,9 @@ from fleettune.optimize.acquisition import Believers, log_ei
 from fleettune.optimize.bayes import checkpoints
 from fleettune.optimize.design import maximin
 from fleettune.optimize.feasibility import FeasibilityModel, fit_feasibility
-from fleettune.optimize.features import model_features
+from fleettune.optimize.features import alignment, model_features
 from fleettune.optimize.gp import Hyper, Posterior, fit_hyper
+from fleettune.space import SearchSpace
 
 
 def test_features_expand_categoricals_and_log_sizes(space):
@@ -30,6 +31,34 @@ def test_features_expand_categoricals_and_log_sizes(space):
     tile = np.array([c["tile"] for c in configs])
     j = [c for c in range(x.shape[1]) if not np.allclose(x[:, c], xf[:, c])]
     assert len(j) == 1 and np.allclose(xf[tile == 2, j[0]], np.log(2) / np.log(8))
+
+
+def test_warp_sized_widths_get_a_divisibility_column_for_the_surrogate_only():
+    space = SearchSpace.from_spec(
+        [
+            {"name": "width", "type": "integer", "range": {"min": 16, "max": 256, "step": 16}},
+            {"name": "tile", "type": "integer", "range": {"min": 1, "max": 8}},
+        ],
+        [],
+    )
+    rows = space.enumerate()
+    x, xf, groups = model_features(space, rows)
+    # width, its divisibility, tile (a small factor: none); the feasibility model has none
+    assert len(groups) == 3 and x.shape[1] == 3 and xf.shape[1] == 2
+    width = np.array([c["width"] for c in space.to_configs(rows)])
+    assert np.allclose(x[:, 1], (np.log2(width & -width) - 4) / 4)  # 16, 48 -> 0; 256 -> 1
+
+
+def test_alignment_tells_multiples_of_large_powers_of_two_apart():
+    widths = np.arange(16, 257, 16, dtype=np.float64)
+    a = alignment(widths)
+    assert a is not None and a[0] == a[2] == 0.0 and a[-1] == 1.0  # 16, 48 | 256
+    assert a[1] == a[5] and a[1] < a[3] < a[7]  # 32 = 96 < 64 < 128
+    assert alignment(np.arange(1.0, 9.0)) is None  # a small factor: smooth in its value
+    assert alignment(np.array([8.0, 16.0, 32.0, 64.0])) is None  # powers of two: the log says it
+    assert alignment(np.array([0.0, 32.0, 64.0, 96.0])) is None  # zero is no size
+    assert alignment(np.array([16.5, 33.0, 48.0])) is None  # not integers
+    assert alignment(np.array([33.0, 35.0, 37.0])) is None  # all odd: nothing to tell apart
 
 
 def test_posterior_matches_gpytorch():
