@@ -39,7 +39,8 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     128 and 256 all come within 2 % of the optimum; the widths between them (48, 80,
     96, …) reach at most 81 %. Small factors (tiles of 1..8) change the work per
     thread smoothly; there the column is noise the model must first learn to ignore
-    (on the unit tests' smooth tile: 0.93 -> 0.73 of the optimum after 30 trials).
+    (in the unit replay, whose tile acts smoothly, the fraction of the optimum after
+    30 trials fell from at least 0.93, the test's bar, to 0.73).
     """
     if values.max() < WARP or not np.all((values == np.round(values)) & (values > 0)):
         return None
