@@ -4,9 +4,10 @@ Per suggestion: one GP for log(time) on the feasible observations (failed points
 it only as believers, see `_bayes`), one GP classifier for feasibility, LogEI +
 feas_power * log P(feasible) over the not-yet-evaluated candidates, BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
-Hyperparameters are refitted on a schedule of history lengths, each fit warm-started
-from the previous checkpoint's fit, so that a study rebuilt from its stored history
-retraces the same fits and suggests the same.
+After a long stall, every other pick stays within two moves of the best configuration
+(see ``stall``). Hyperparameters are refitted on a schedule of history lengths, each
+fit warm-started from the previous checkpoint's fit, so that a study rebuilt from its
+stored history retraces the same fits and suggests the same.
 
 Warm start (prior data from another pool): the best prior configurations are measured
 first; then this pool's log times are modelled as the prediction of a GP fitted to the
@@ -48,6 +49,14 @@ DEFAULTS: dict[str, Any] = {
     # residual GP of this pool's own data, which can learn that one parameter matters
     # differently here (a task column can only scale all of the prior's information).
     "warm_model": "residual",
+    # After this many evaluations without improvement, every `stall_every`-th pick comes
+    # from the best configuration's `stall_radius`-move neighbourhood. The way out of a
+    # local optimum often takes two coordinated moves (GEMM: MDIMC 32 -> 16 together
+    # with VWN 2 -> 4), which a model fitted to the whole space undervalues; triggered
+    # earlier (20), it cost spaces whose optimum is isolated at 100 evaluations. 0: never.
+    "stall": 30,
+    "stall_radius": 2,
+    "stall_every": 2,
 }
 
 
@@ -314,6 +323,7 @@ class BayesOpt(Strategy):
             if keep.any():
                 selectable = keep
 
+        selectable = self._near_best_if_stalled(history, scored, selectable)
         believers = Believers(var, gp.noise_extra)
         ks_all: torch.Tensor | None = None
 
@@ -340,6 +350,15 @@ class BayesOpt(Strategy):
                 believe(j)
         return np.array(picks, dtype=np.int64)
 
+    def _near_best_if_stalled(self, history: History, scored: np.ndarray, selectable: torch.Tensor) -> torch.Tensor:
+        k = self.options["stall"]
+        stall, best = _stall(history)
+        if k <= 0 or best < 0 or stall < k or (stall - k) % self.options["stall_every"]:
+            return selectable
+        rows = self.candidates.rows
+        near = torch.as_tensor((rows[scored] != rows[best]).sum(axis=1) <= self.options["stall_radius"])
+        return selectable & near if bool((selectable & near).any()) else selectable
+
     def _local_search(self, pool, mean, var, log_pf, avail, score, best):
         """BaCO-style multi-start local search on the acquisition: from the best scored
         candidates, score their one-move neighbourhoods; repeat while that improves."""
@@ -362,6 +381,16 @@ class BayesOpt(Strategy):
             if not improved:
                 break
         return pool, mean, var, log_pf
+
+
+def _stall(history: History) -> tuple[int, int]:
+    """Evaluations of this study since its best so far, and that best's candidate."""
+    cur = np.flatnonzero(history.task == 1)
+    v = np.where(history.feasible[cur], history.value[cur], np.inf)
+    if len(cur) == 0 or not np.isfinite(v).any():
+        return 0, -1
+    b = int(np.argmin(v))
+    return len(cur) - 1 - b, int(history.cand[cur[b]])
 
 
 def _transform(y: np.ndarray, kind: str) -> tuple[np.ndarray, float]:

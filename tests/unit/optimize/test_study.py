@@ -216,3 +216,31 @@ def test_hamming_moves_and_scan_agree(space):
     assert problem._moves(few[:3], small._radix, limit=len(few)) is None
     d = (few[:, None, :] != few[None, :3]).sum(-1)
     assert np.array_equal(small.hamming_neighbours(few[:3], chunk=7), np.flatnonzero((d == 1).any(1)))
+
+
+def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
+    """After `stall` evaluations without improvement, every `stall_every`-th pick stays
+    within `stall_radius` moves of the best configuration so far."""
+    rng = np.random.default_rng(0)
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    picked = [configs[i] for i in rng.choice(len(configs), 12, replace=False)]
+    best = min(picked, key=objective)
+    history = [best] + [c for c in picked if c is not best]  # 11 evaluations without improvement
+    best_row = space.to_rows([best])[0]
+
+    def moves_from_best(options: dict) -> list[int]:
+        study = Study(space, seed=1, options={**FAST, **options})
+        for c in history:
+            study.observe(c, Outcome.OK, objective(c))
+        out = []
+        for _ in range(4):  # 11, 12, 13, 14 evaluations since the best
+            (c,) = study.suggest(1)
+            out.append(int((space.to_rows([c])[0] != best_row).sum()))
+            study.observe(c, Outcome.OK, objective(best) + 1.0)  # no improvement
+        return out
+
+    free = moves_from_best({"stall": 0})
+    local = moves_from_best({"stall": 5, "stall_radius": 1, "stall_every": 3})
+    # stalls of 5, 8, 11, 14 turn local; the model alone goes further afield here
+    assert local[0] <= 1 and local[3] <= 1, local
+    assert free[0] > 1 and free[3] > 1, free
