@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleettune.bench.strategy import load_replay, run_once
+from fleettune.bench.strategy import load_replay, parse_options, run_once
 from fleettune.bench.warmstart import drive, evals_to, main, run_seed, study_for, summarise
 
 VALUES = {"bx": [16, 32, 64, 128, 256], "tile": [1, 2, 4, 8], "vec": [1, 2]}
@@ -105,6 +105,17 @@ def test_command(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert res["seeds"] == 2 and len(doc["per_seed"]["src → tgt"]) == 2
     with pytest.raises(SystemExit):
         main(["--source", str(src)])
+
+
+def test_options_are_checked_against_the_strategy(caches) -> None:
+    """A misspelt option would be ignored by the study and the benchmark would compare
+    two identical runs: it is refused, naming the options there are."""
+    src, tgt = caches
+    with pytest.raises(SystemExit, match=r"prior_path: not an option of strategy 'bayes' \(options: .*prior_paths"):
+        main(["--source", str(src), "--target", str(tgt), "--option", "prior_path=2"])
+    with pytest.raises(SystemExit, match="--strategy nope: not a strategy"):
+        main(["--source", str(src), "--target", str(tgt), "--strategy", "nope"])
+    assert parse_options(["prior_paths=2", 'transform="copula"'], "bayes") == {"prior_paths": 2, "transform": "copula"}
 
 
 def test_command_resumes_from_traces(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -278,10 +278,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def parse_options(items: list[str]) -> dict[str, Any]:
+def parse_options(items: list[str], strategy: str) -> dict[str, Any]:
+    """``KEY=VALUE`` strategy options (JSON values); an unknown key is an error, since a
+    misspelt option would otherwise be ignored and a benchmark compare nothing."""
+    from fleettune.optimize import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        raise SystemExit(f"--strategy {strategy}: not a strategy (strategies: {', '.join(sorted(STRATEGIES))})")
+    known = getattr(sys.modules[STRATEGIES[strategy].__module__], "DEFAULTS", {})
     out: dict[str, Any] = {}
     for item in items:
         key, _, raw = item.partition("=")
+        if key not in known:
+            raise SystemExit(f"--option {key}: not an option of strategy {strategy!r} "
+                             f"(options: {', '.join(sorted(known)) or 'none'})")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -318,7 +328,7 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
-    options = parse_options(args.option)
+    options = parse_options(args.option, args.strategy)
     if args.latency:
         print(latency_report(args, loader, options))
         return 0

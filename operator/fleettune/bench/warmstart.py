@@ -231,7 +231,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
-    options = parse_options(args.option)
+    options = parse_options(args.option, args.strategy)
     results, per_seed = [], {}
     traces = Path(args.traces) if args.traces else None
     done = _load_rows(traces)
