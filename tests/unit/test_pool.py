@@ -54,3 +54,16 @@ def test_prior_from_earlier_sizes_of_this_round_and_older_rounds_each_relative_t
                    (64, Outcome.COMPILE_ERROR, None)]
     # The first size starts cold.
     assert warm_start_prior(_pool("a100.4096x4096"), records) == []
+
+
+def test_strategy_options_zero_only_where_it_switches_a_behaviour_off():
+    from fleettune.controller.pool import SpecError, check_options
+
+    def spec(**options) -> TuningRunSpec:
+        return SPEC.model_copy(update={"strategy": SPEC.strategy.model_copy(update={"options": options})})
+
+    check_options(spec(prior_patience=0, stall=0, prior_paths=0, prior_top=2))
+    with pytest.raises(SpecError, match=r"spec.strategy.options.prior_top: expected an integer >= 1, got 0"):
+        check_options(spec(prior_top=0))
+    with pytest.raises(SpecError, match=r"spec.strategy.options.prior_patience: expected an integer >= 0, got -1"):
+        check_options(spec(prior_patience=-1))

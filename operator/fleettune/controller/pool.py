@@ -110,7 +110,8 @@ def check_options(spec: TuningRunSpec) -> None:
     from fleettune.optimize import STRATEGIES
 
     name = spec.strategy.name
-    defaults = getattr(sys.modules[STRATEGIES[name].__module__], "DEFAULTS", {})
+    module = sys.modules[STRATEGIES[name].__module__]
+    defaults, off = getattr(module, "DEFAULTS", {}), getattr(module, "OFF_WITH_ZERO", frozenset())
     for key, value in (spec.strategy.options or {}).items():
         where = f"spec.strategy.options.{key}"
         if key not in defaults:
@@ -120,7 +121,8 @@ def check_options(spec: TuningRunSpec) -> None:
         if isinstance(default, str):
             ok, want = isinstance(value, str) and bool(value), "a non-empty string"
         elif isinstance(default, int) and not isinstance(default, bool):
-            ok, want = isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1"
+            low = 0 if key in off else 1
+            ok, want = isinstance(value, int) and not isinstance(value, bool) and value >= low, f"an integer >= {low}"
         else:  # floats, and options whose default is "automatic" (None)
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
             want = "a positive number"

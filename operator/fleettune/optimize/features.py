@@ -51,6 +51,22 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     return None if twos.max() <= twos.min() else _normalise(twos)
 
 
+def switches(space: Any) -> tuple[int, ...]:
+    """Parameters that choose a code path rather than a size: booleans, categoricals
+    and 0/1 integers (how Kernel Tuner spaces spell a flag such as ``use_shmem``).
+
+    A new GPU or driver often changes which code path wins (shared memory or the
+    read-only cache, staging A in shared memory or not); a warm start probes the other
+    paths (see ``BayesOpt._path_probes``)."""
+    out = []
+    for j, p in enumerate(getattr(space, "parameters", ()) or ()):
+        if len(p.values) < 2 or p.kind == "permutation":
+            continue
+        if p.kind == "categorical" or p.type == "boolean" or sorted(p.values) == [0, 1]:
+            out.append(j)
+    return tuple(out)
+
+
 def model_features(space: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[str, slice]]]:
     """(objective features, feasibility features, feature groups of the first)."""
     rows = np.asarray(rows)

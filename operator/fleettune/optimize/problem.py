@@ -21,6 +21,7 @@ class Candidates:
     x: np.ndarray  # (N, f) encoding in [0, 1]
     feature_groups: list[tuple[str, slice]] = field(default_factory=list)
     xf: np.ndarray | None = None  # (N, f') inputs of the feasibility model; default: x
+    switches: tuple[int, ...] = ()  # row columns that choose a code path (features.switches)
     _keys: np.ndarray | None = field(default=None, repr=False)
     _order: np.ndarray | None = field(default=None, repr=False)
     _radix: np.ndarray | None = field(default=None, repr=False)
@@ -151,6 +152,19 @@ class History:
             noise=self.noise[:m],
             outcome=self.outcome[:m],
             task=self.task[:m],
+        )
+
+    def without_prior(self) -> History:
+        """This study's own observations only."""
+        keep = np.flatnonzero(self.task == 1)
+        return History(
+            x=self.x[keep],
+            xf=self.xf[keep],
+            cand=self.cand[keep],
+            value=self.value[keep],
+            noise=self.noise[keep],
+            outcome=[self.outcome[i] for i in keep],
+            task=self.task[keep],
         )
 
     def append(

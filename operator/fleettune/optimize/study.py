@@ -13,7 +13,7 @@ import numpy as np
 
 from fleettune_job.protocol import Outcome
 
-from .features import model_features
+from .features import model_features, switches
 from .problem import Candidates, History
 from .stopping import stop_reason
 from .strategy import Strategy
@@ -85,7 +85,7 @@ class Study:
             candidates = self._default_candidates(space, self.seed)
         rows = np.asarray(candidates, dtype=np.int32)
         x, xf, groups = model_features(space, rows)
-        self.candidates = Candidates(rows, x, groups, xf)
+        self.candidates = Candidates(rows, x, groups, xf, switches(space))
         self.strategy = STRATEGIES[strategy](self.candidates, self.seed, options)
         self.history = History.empty(self.candidates.n_features, self.candidates.xf.shape[1])
         self._observed = np.zeros(len(self.candidates), dtype=bool)

@@ -244,3 +244,60 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
     # stalls of 5, 8, 11, 14 turn local; the model alone goes further afield here
     assert local[0] <= 1 and local[3] <= 1, local
     assert free[0] > 1 and free[3] > 1, free
+
+
+def test_warm_start_probes_another_code_path(space, optimum):
+    """The sibling pool is fastest without unrolling, this pool with it (a new GPU that
+    favours another code path): after the prior's three best come two probes of the
+    other setting, the prior's best moved onto it and the prior model's best there,
+    which is this pool's optimum; with ``prior_paths: 0`` the model takes over after the
+    prior's three best."""
+    from fleettune.optimize.features import switches
+
+    assert switches(space) == (3, 4)  # layout (categorical) and unroll (boolean)
+
+    def sibling(c: dict) -> float:
+        return 1.3 * objective({**c, "unroll": not c["unroll"]})
+
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    rng = np.random.default_rng(2)
+    prior = [(c, Outcome.OK, sibling(c)) for c in (configs[i] for i in rng.choice(len(configs), 80, replace=False))]
+
+    def first(options: dict) -> list[dict]:
+        study = Study(space, seed=0, prior=prior, options={**FAST, **options})
+        run(study, 5)
+        return [space.to_configs(study._rows[i].reshape(1, -1))[0] for i in range(study.n_prior, len(study.history))]
+
+    checked = first({"prior_paths": 1})
+    trusted = first({"prior_paths": 0})
+    top = sorted((p for p in prior if p[2] is not None), key=lambda p: p[2])[:3]
+    assert checked[:3] == trusted[:3] == [c for c, _, _ in top]  # the prior's best first
+    assert checked[3] == {**checked[0], "unroll": True}, checked
+    assert checked[4]["unroll"] and objective(checked[4]) <= optimum * 1.02, (checked, optimum)
+    assert trusted[3] != checked[3], trusted
+
+
+def test_a_prior_that_leaves_the_study_stalled_is_dropped(space):
+    """A sibling pool whose landscape is reversed: after ``prior_patience`` evaluations
+    without improvement, the study suggests exactly what a study without the prior
+    suggests from the same observations of its own; before that, it does not."""
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    rng = np.random.default_rng(3)
+    picked = rng.choice(len(configs), 60, replace=False)
+    prior = [(configs[i], Outcome.OK, 10.0 / objective(configs[i])) for i in picked]
+    own = [configs[i] for i in rng.choice(len(configs), 14, replace=False)]
+    own = [min(own, key=objective)] + [c for c in own if c is not min(own, key=objective)]  # then 13 worse
+    opts = {**FAST, "prior_patience": 12}
+
+    def study(with_prior: bool, n: int) -> Study:
+        s = Study(space, seed=4, prior=prior if with_prior else (), options=opts)
+        for c in own[:n]:
+            s.observe(c, Outcome.OK, objective(c))
+        return s
+
+    warm = study(True, 13)  # 12 evaluations without improvement
+    assert warm.strategy._prior_misleads(warm.history)
+    assert warm.suggest(2) == study(False, 13).suggest(2)
+    early = study(True, 12)  # 11: not yet
+    assert not early.strategy._prior_misleads(early.history)
+    assert early.suggest(2) != study(False, 12).suggest(2)
