@@ -50,6 +50,7 @@ class Pool:
     tuned_for: NodeFingerprint | None = None
     current: PoolFingerprint | None = None
     stale: str | None = None
+    prior_dropped: bool = False  # the study stopped using the warm-start data (said once in the message)
     space: Any = None
     study: Any = None
     space_size: int | None = None

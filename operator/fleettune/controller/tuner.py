@@ -211,7 +211,7 @@ class RunLoop:
         pool.round += 1
         pool.round_started = time.time()
         pool.tuned_for = pool.current.fingerprint if pool.current is not None else None
-        pool.stale, pool.study = None, None
+        pool.stale, pool.study, pool.prior_dropped = None, None, False
         pool.phase, pool.message = "Running", f"round {pool.round}: {reason}"
         self.log.info("%s: %s", pool.key, pool.message)
 
@@ -500,6 +500,12 @@ class RunLoop:
                 await self._stop(pool, running, "Failed", f"spec.strategy: the strategy failed: {exc}"[:500])
                 return
             configs += suggested
+            if not pool.prior_dropped and pool.study.prior_dropped:
+                pool.prior_dropped = True
+                note = (f"earlier results dropped after {pool.study.strategy.options['prior_patience']} "
+                        "trials without improvement: tuning from this round's own")
+                pool.message = f"{pool.message}; {note}" if pool.message else note
+                self.log.info("%s: %s", pool.key, note)
             metrics.suggestion_latency(self.namespace, self.name, pool.key, seconds)
             fit_s = getattr(pool.study, "last_fit_s", None)
             if fit_s:

@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "prior_top": 3,  # with warm-start data, first re-measure the best prior configurations
     "prior_paths": 3,  # ... and probe this many other code paths (see `_path_probes`)
     # With prior data, a study that goes this many evaluations without improving drops
-    # the prior for good (see `_prior_misleads`). 0: never.
+    # the prior for good (see `prior_misleads`). 0: never.
     "prior_patience": 15,
     "local_starts": 5,
     "local_rounds": 3,
@@ -202,7 +202,7 @@ class BayesOpt(Strategy):
     # -- proposing --------------------------------------------------------------------
 
     def propose(self, n: int, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
-        if self._prior_misleads(history):
+        if self.prior_misleads(history):
             history = history.without_prior()
         rng = self.rng(history, pending)
         current = history.task == 1
@@ -223,7 +223,7 @@ class BayesOpt(Strategy):
         more = self._bayes(n - len(seeds), history, np.concatenate([pending, seeds]), rest, rng)
         return np.concatenate([seeds, more])
 
-    def _prior_misleads(self, history: History) -> bool:
+    def prior_misleads(self, history: History) -> bool:
         """Whether this study, with prior data, has at some point gone ``prior_patience``
         evaluations without improving: from then on the prior is dropped.
 

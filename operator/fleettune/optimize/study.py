@@ -191,6 +191,12 @@ class Study:
         return int(((self.history.task == 1) & ~self.history.feasible).sum())
 
     @property
+    def prior_dropped(self) -> bool:
+        """Whether the strategy has stopped using the warm-start data (it misled the search)."""
+        misleads = getattr(self.strategy, "prior_misleads", None)
+        return bool(self.n_prior) and misleads is not None and bool(misleads(self.history))
+
+    @property
     def best(self) -> tuple[dict[str, Any], float] | None:
         mine = np.flatnonzero((self.history.task == 1) & self.history.feasible)
         if len(mine) == 0:

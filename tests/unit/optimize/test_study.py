@@ -296,8 +296,9 @@ def test_a_prior_that_leaves_the_study_stalled_is_dropped(space):
         return s
 
     warm = study(True, 13)  # 12 evaluations without improvement
-    assert warm.strategy._prior_misleads(warm.history)
+    assert warm.strategy.prior_misleads(warm.history) and warm.prior_dropped
     assert warm.suggest(2) == study(False, 13).suggest(2)
     early = study(True, 12)  # 11: not yet
-    assert not early.strategy._prior_misleads(early.history)
+    assert not early.strategy.prior_misleads(early.history) and not early.prior_dropped
+    assert not study(False, 13).prior_dropped  # nothing to drop
     assert early.suggest(2) != study(False, 12).suggest(2)
