@@ -11,12 +11,11 @@ stored history retraces the same fits and suggests the same.
 
 Warm start (prior data from another pool): the best prior configurations are measured
 first, then probes of the other code paths the prior may have wrongly ruled out (see
-``_path_probes``); then this pool's log times
-are modelled as the prediction of a GP fitted to the prior alone, shifted by their mean
-offset, plus a residual GP fitted to this pool's data, refitted after each of its first
-evaluations (see ``warm_model``). A prior that leaves the study ``prior_patience``
-evaluations without improvement is dropped: from then on the study is a cold one that
-keeps its own observations.
+``_path_probes``); then this pool's log times are modelled as the prediction of a GP
+fitted to the prior alone, shifted by their mean offset, plus a residual GP fitted to
+this pool's data, refitted after each of its first evaluations (see ``warm_model``).
+A prior that leaves the study ``prior_patience`` evaluations without improvement is
+dropped: from then on the study is a cold one that keeps its own observations.
 """
 
 from __future__ import annotations
@@ -251,7 +250,7 @@ class BayesOpt(Strategy):
         is how the prior gets checked rather than trusted. The probes come second: put
         first, they delayed the convolution RTX 2080 Ti -> 3090 warm start, where the 2080
         Ti's third best configuration is within 1 % of the 3090's optimum (30 seeds: 4.6
-        evaluations to 0.95 instead of 2.7)."""
+        evaluations to 0.95 instead of 2.8)."""
         n_current = int((history.task == 1).sum()) + len(pending)
         if n_current >= self.options["prior_top"] + 2 * self.options["prior_paths"]:
             return np.zeros(0, dtype=np.int64)
