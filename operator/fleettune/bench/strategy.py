@@ -281,11 +281,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def parse_options(items: list[str], strategy: str) -> dict[str, Any]:
     """``KEY=VALUE`` strategy options (JSON values); an unknown key is an error, since a
     misspelt option would otherwise be ignored and a benchmark compare nothing."""
-    from fleettune.optimize import STRATEGIES
+    from fleettune.optimize import STRATEGIES, strategy_options
 
     if strategy not in STRATEGIES:
         raise SystemExit(f"--strategy {strategy}: not a strategy (strategies: {', '.join(sorted(STRATEGIES))})")
-    known = getattr(sys.modules[STRATEGIES[strategy].__module__], "DEFAULTS", {})
+    known, _ = strategy_options(strategy)
     out: dict[str, Any] = {}
     for item in items:
         key, _, raw = item.partition("=")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,11 +107,10 @@ def product_of(pool: Pool, nodes: list[Node] | None) -> str | None:
 
 def check_options(spec: TuningRunSpec) -> None:
     """Strategy options against the strategy's own defaults: known keys, same types, sane values."""
-    from fleettune.optimize import STRATEGIES
+    from fleettune.optimize import strategy_options
 
     name = spec.strategy.name
-    module = sys.modules[STRATEGIES[name].__module__]
-    defaults, off = getattr(module, "DEFAULTS", {}), getattr(module, "OFF_WITH_ZERO", frozenset())
+    defaults, off = strategy_options(name)
     for key, value in (spec.strategy.options or {}).items():
         where = f"spec.strategy.options.{key}"
         if key not in defaults:

@@ -8,6 +8,8 @@ and ``bayes`` (the default: GP surrogate + feasibility model, LogEI x P(feasible
 from .problem import Candidates, History
 from .stopping import stop_reason
 from .strategy import Strategy
-from .study import DEFAULT_STRATEGY, STRATEGIES, Study
+from .study import DEFAULT_STRATEGY, STRATEGIES, Study, strategy_options
 
-__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "Candidates", "History", "Strategy", "Study", "stop_reason"]
+__all__ = [
+    "DEFAULT_STRATEGY", "STRATEGIES", "Candidates", "History", "Strategy", "Study", "stop_reason", "strategy_options",
+]

@@ -233,8 +233,7 @@ class BayesOpt(Strategy):
         k = self.options["prior_patience"]
         if k <= 0 or not (history.task == 0).any():
             return False
-        cur = np.flatnonzero(history.task == 1)
-        v = np.where(history.feasible[cur], history.value[cur], np.inf)
+        _, v = history.own_values()
         if len(v) <= k:
             return False
         improved = np.flatnonzero(np.concatenate([[True], v[1:] < np.minimum.accumulate(v)[:-1]]))
@@ -463,8 +462,7 @@ class BayesOpt(Strategy):
 
 def _stall(history: History) -> tuple[int, int]:
     """Evaluations of this study since its best so far, and that best's candidate."""
-    cur = np.flatnonzero(history.task == 1)
-    v = np.where(history.feasible[cur], history.value[cur], np.inf)
+    cur, v = history.own_values()
     if len(cur) == 0 or not np.isfinite(v).any():
         return 0, -1
     b = int(np.argmin(v))

@@ -144,27 +144,26 @@ class History:
         return np.isfinite(self.value)
 
     def prefix(self, m: int) -> History:
-        return History(
-            x=self.x[:m],
-            xf=self.xf[:m],
-            cand=self.cand[:m],
-            value=self.value[:m],
-            noise=self.noise[:m],
-            outcome=self.outcome[:m],
-            task=self.task[:m],
-        )
+        return self._take(slice(None, m))
 
     def without_prior(self) -> History:
         """This study's own observations only."""
-        keep = np.flatnonzero(self.task == 1)
+        return self._take(np.flatnonzero(self.task == 1))
+
+    def own_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of this study's own observations, and their values (failures: +inf)."""
+        rows = np.flatnonzero(self.task == 1)
+        return rows, np.where(self.feasible[rows], self.value[rows], np.inf)
+
+    def _take(self, sel: slice | np.ndarray) -> History:
         return History(
-            x=self.x[keep],
-            xf=self.xf[keep],
-            cand=self.cand[keep],
-            value=self.value[keep],
-            noise=self.noise[keep],
-            outcome=[self.outcome[i] for i in keep],
-            task=self.task[keep],
+            x=self.x[sel],
+            xf=self.xf[sel],
+            cand=self.cand[sel],
+            value=self.value[sel],
+            noise=self.noise[sel],
+            outcome=self.outcome[sel] if isinstance(sel, slice) else [self.outcome[i] for i in sel],
+            task=self.task[sel],
         )
 
     def append(
