@@ -268,7 +268,8 @@ class RunLoop:
     # ------------------------------------------------------------------ one step
 
     async def step(self) -> bool:
-        """Reconcile once; True when the run is finished (nothing left to do for this generation)."""
+        """Reconcile once; True when the run is finished (nothing left to do for this
+        generation, no Job of it left to delete)."""
         if not self.loaded:
             await self._load()
         if self.spec_generation != self.generation:
@@ -297,7 +298,7 @@ class RunLoop:
                     pool.phase, pool.message = "Failed", f"cannot build the search space: {exc}"[:500]
 
         jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
-        running, finished_jobs = await self._collect(jobs)
+        running, finished_jobs, settling = await self._collect(jobs)
         await self._feed_studies()
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
@@ -307,7 +308,9 @@ class RunLoop:
         await self._predict()
         finished = await self._report(running)
         await self._publish()
-        return finished
+        # A recorded Job that the Job controller has not marked done yet is deleted on a
+        # later step: poll for it rather than wait for a finished run's long wake-up.
+        return finished and not settling
 
     async def _predict(self) -> None:
         """Recommendations for spec.predictFor from the tuned sizes, refreshed when results
@@ -378,13 +381,13 @@ class RunLoop:
 
     async def _collect(
         self, jobs: list[dict[str, Any]]
-    ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
         """Store the records of finished Jobs, and of Jobs whose Pod's end already decides
-        them (neither running nor deletable until the Job controller is done with them);
-        return the running Jobs per pool, and the finished ones, which may be deleted now
-        that their records are durable."""
+        them (settling: neither running nor deletable until the Job controller is done with
+        them); return the running Jobs per pool, the finished ones, which may be deleted now
+        that their records are durable, and the settling ones."""
         running: dict[str, list[dict[str, Any]]] = {}
-        finished, unrecorded, fresh = [], [], []
+        finished, settling, unrecorded, fresh = [], [], [], []
         timings: dict[tuple[str, int], metrics.TrialTimings] = {}
         for job in jobs:
             labels = job["metadata"].get("labels", {})
@@ -403,8 +406,7 @@ class RunLoop:
             # controller to record it and start the next trial. Deleting it can wait: a Job
             # deleted before the Job controller is done with it leaves its Pod to the slower
             # orphan path (the tracking finalizer), and the Pod lingers.
-            if ended is None:
-                finished.append(job)
+            (finished if ended is None else settling).append(job)
             if (round_of(job), target, index) not in self.store:
                 unrecorded.append((job, target, index, ended))
         # One round trip for all of them, not one after another.
@@ -426,7 +428,7 @@ class RunLoop:
                     "trial %s/%d: %s%s", rec.target, rec.index, rec.outcome.value,
                     f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",
                 )
-        return running, finished
+        return running, finished, settling
 
     async def _pods_of(self, job: dict[str, Any], ended: dict[str, Any] | None) -> list[dict[str, Any]]:
         """The Pods a Job's verdict is read from: its decisive Pod when the watch showed one."""
