@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fleettune.bench.strategy import load_replay, parse_options, run_once
-from fleettune.bench.warmstart import drive, evals_to, main, run_seed, study_for, summarise
+from fleettune.bench.warmstart import drive, evals_to, format_reach, main, run_seed, study_for, summarise
 
 VALUES = {"bx": [16, 32, 64, 128, 256], "tile": [1, 2, 4, 8], "vec": [1, 2]}
 
@@ -74,7 +74,7 @@ def test_warm_start_from_an_identical_recording_finds_the_optimum_first(caches) 
     src, _ = caches
     replay = load_replay(src)
     row = run_seed(replay, replay, "bayes", 0, source_budget=len(replay.rows), budget=20)
-    assert row["source_best_on_target"] == 1.0
+    assert row["source_best_on_target"] == 1.0 and row["source_reach"] == 1.0
     assert row["warm_0.99"] == 1  # the source's best is re-measured first
     assert row["warm_0.95"] <= row["cold_0.95"]
 
@@ -93,6 +93,28 @@ def test_summary_counts_censored_runs() -> None:
     assert res["source_best_on_target"] == 0.75
 
 
+def test_summary_splits_seeds_by_what_the_source_measured() -> None:
+    """Seeds whose source data hold a configuration within 0.95 of the target's optimum
+    are summarised apart from those whose source data do not."""
+    def row(seed: int, reach: float, warm: int, cold: int) -> dict:
+        return {"seed": seed, "source_best_on_target": 0.5, "source_reach": reach, "warm_0.95": warm,
+                "warm_0.99": 21, "cold_0.95": cold, "cold_0.99": 21}
+
+    rows = [row(0, 0.97, 2, 10), row(1, 0.95, 4, 12), row(2, 0.8, 21, 6)]
+    res = summarise("a → b", rows, budget=20)
+    info = res["informed"]
+    assert info["with"] == {"seeds": 2, "warm": 3.0, "cold": 11.0, "ratio": pytest.approx(6 / 22)}
+    assert info["without"] == {"seeds": 1, "warm": 21.0, "cold": 6.0, "ratio": pytest.approx(3.5)}
+    assert info["cold_parity_ratio"] == pytest.approx((2 + 4 + 6) / 28)
+    assert res["ratio_0.95"] == pytest.approx(27 / 28)
+    line = format_reach(res)
+    assert line is not None and "in 2/3 seeds" in line and "ratio 0.27" in line and "would give 0.43" in line
+    # Rows from traces written before the field existed: no split, no line.
+    old = [{k: v for k, v in r.items() if k != "source_reach"} for r in rows]
+    assert "informed" not in summarise("a → b", old, budget=20)
+    assert format_reach(summarise("a → b", old, budget=20)) is None
+
+
 def test_command(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src, tgt = caches
     out = tmp_path / "ws.json"
@@ -100,6 +122,7 @@ def test_command(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
                  "--source-budget", "15", "--strategy", "random", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "src → tgt" in text and "warm →0.95" in text
+    assert "src → tgt: the source measured a configuration ≥0.95 of the target's optimum in" in text
     doc = json.loads(out.read_text())
     (res,) = doc["results"]
     assert res["seeds"] == 2 and len(doc["per_seed"]["src → tgt"]) == 2

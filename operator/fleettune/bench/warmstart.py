@@ -8,6 +8,10 @@ Only target evaluations count: the source results already exist when a pool is
 re-tuned. Replay protocol as `fleettune bench strategy`: candidates are the recorded
 configurations, a failed configuration counts as an evaluation, a run that never
 reaches a level counts as budget + 1 (reported as censored).
+
+A warm start can only lead to what the source measured: each seed also records the
+best fraction of the target's optimum among the source's measurements
+(``source_reach``), and the summary splits the seeds by whether that reaches 0.95.
 """
 
 from __future__ import annotations
@@ -110,10 +114,10 @@ def run_seed(
     ok = [o for o in src.observations if o[1] == Outcome.OK]
     copied = math.nan
     if ok:
-        cfg = min(ok, key=lambda o: o[2] or math.inf)[0]
-        t = target.time_ms[c] if (c := target_lookup(target, cfg)) >= 0 else math.nan
-        copied = target.optimum / float(t) if math.isfinite(t) else 0.0
-    out: dict[str, Any] = {"seed": seed, "source_best_on_target": copied}
+        copied = on_target(target, min(ok, key=lambda o: o[2] or math.inf)[0])
+    # The best the source measured at all, on the target: what its data could point to.
+    reach = max((on_target(target, o[0]) for o in src.observations), default=0.0)
+    out: dict[str, Any] = {"seed": seed, "source_best_on_target": copied, "source_reach": reach}
     for name, run in (("warm", warm), ("cold", cold)):
         for level in LEVELS:
             out[f"{name}_{level}"] = evals_to(run.best, target.optimum, level)
@@ -129,6 +133,12 @@ def target_lookup(replay: Replay, config: dict[str, Any]) -> int:
     row = np.asarray(replay.space.to_rows([config]), dtype=np.int32)
     match = np.flatnonzero((replay.rows == row).all(axis=1))
     return int(match[0]) if len(match) else -1
+
+
+def on_target(target: Replay, config: dict[str, Any]) -> float:
+    """Fraction of the target's optimum that ``config`` reaches there (0: fails or not recorded)."""
+    t = target.time_ms[c] if (c := target_lookup(target, config)) >= 0 else math.nan
+    return target.optimum / float(t) if math.isfinite(t) else 0.0
 
 
 def summarise(pair: str, rows: list[dict[str, Any]], budget: int) -> dict[str, Any]:
@@ -148,7 +158,49 @@ def summarise(pair: str, rows: list[dict[str, Any]], budget: int) -> dict[str, A
     copied = np.array([r["source_best_on_target"] for r in rows], dtype=float)
     res["source_best_on_target"] = float(np.nanmean(copied)) if np.isfinite(copied).any() else math.nan
     res["meets_target"] = bool(res["ratio_0.95"] <= TARGET_RATIO)
+    if all("source_reach" in r for r in rows):
+        res["informed"] = _by_reach(rows, LEVELS[0])
     return res
+
+
+def _by_reach(rows: list[dict[str, Any]], level: float) -> dict[str, Any]:
+    """Evaluations to ``level``, warm and cold, split by whether the source's own
+    measurements hold a configuration that reaches ``level`` on the target.
+
+    A warm start can point the target study at a good configuration only if the source
+    measured one: where it did not, the prior knows nothing of the target's best region
+    and can only be as good as no prior. ``cold_parity_ratio``: the mean ratio if warm
+    runs matched cold ones exactly there, and stayed as they are elsewhere."""
+    out: dict[str, Any] = {"level": level}
+    key = f"_{level}"
+    sums: dict[str, tuple[float, float]] = {}
+    for name, sel in (("with", [r for r in rows if r["source_reach"] >= level - 1e-12]),
+                      ("without", [r for r in rows if r["source_reach"] < level - 1e-12])):
+        warm = [r["warm" + key] for r in sel]
+        cold = [r["cold" + key] for r in sel]
+        sums[name] = (sum(warm), sum(cold))
+        out[name] = {"seeds": len(sel), "warm": float(np.mean(warm)) if sel else math.nan,
+                     "cold": float(np.mean(cold)) if sel else math.nan,
+                     "ratio": sum(warm) / sum(cold) if sel else math.nan}
+    total_cold = sums["with"][1] + sums["without"][1]
+    out["cold_parity_ratio"] = (sums["with"][0] + sums["without"][1]) / total_cold if total_cold else math.nan
+    return out
+
+
+def format_reach(res: dict[str, Any]) -> str | None:
+    """One line on how much the source's data could tell (see `_by_reach`)."""
+    info = res.get("informed")
+    if not info:
+        return None
+    w, wo = info["with"], info["without"]
+    text = (f"{res['pair']}: the source measured a configuration ≥{info['level']} of the target's optimum "
+            f"in {w['seeds']}/{res['seeds']} seeds")
+    if w["seeds"]:
+        text += f"; there warm {w['warm']:.1f} vs cold {w['cold']:.1f} (ratio {w['ratio']:.2f})"
+    if wo["seeds"]:
+        text += (f"; in the other {wo['seeds']} warm {wo['warm']:.1f} vs cold {wo['cold']:.1f} "
+                 f"(ratio {wo['ratio']:.2f}); warm = cold there would give {info['cold_parity_ratio']:.2f}")
+    return text
 
 
 def _cell(res: dict[str, Any], key: str) -> str:
@@ -260,6 +312,8 @@ def main(argv: list[str]) -> int:
         per_seed[pair] = rows
         print(format_table([res]).splitlines()[-1], flush=True)
     print(format_table(results))
+    for line in filter(None, map(format_reach, results)):
+        print(line)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({
             "strategy": args.strategy, "source_budget": args.source_budget, "budget": args.budget,
