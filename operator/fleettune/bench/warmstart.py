@@ -171,19 +171,20 @@ def _by_reach(rows: list[dict[str, Any]], level: float) -> dict[str, Any]:
     measured one: where it did not, the prior knows nothing of the target's best region
     and can only be as good as no prior. ``cold_parity_ratio``: the mean ratio if warm
     runs matched cold ones exactly there, and stayed as they are elsewhere."""
+    def total(sel: list[dict[str, Any]], name: str) -> float:
+        return float(sum(r[f"{name}_{level}"] for r in sel))
+
+    groups = {"with": [r for r in rows if r["source_reach"] >= level - 1e-12],
+              "without": [r for r in rows if r["source_reach"] < level - 1e-12]}
     out: dict[str, Any] = {"level": level}
-    key = f"_{level}"
-    sums: dict[str, tuple[float, float]] = {}
-    for name, sel in (("with", [r for r in rows if r["source_reach"] >= level - 1e-12]),
-                      ("without", [r for r in rows if r["source_reach"] < level - 1e-12])):
-        warm = [r["warm" + key] for r in sel]
-        cold = [r["cold" + key] for r in sel]
-        sums[name] = (sum(warm), sum(cold))
-        out[name] = {"seeds": len(sel), "warm": float(np.mean(warm)) if sel else math.nan,
-                     "cold": float(np.mean(cold)) if sel else math.nan,
-                     "ratio": sum(warm) / sum(cold) if sel else math.nan}
-    total_cold = sums["with"][1] + sums["without"][1]
-    out["cold_parity_ratio"] = (sums["with"][0] + sums["without"][1]) / total_cold if total_cold else math.nan
+    for name, sel in groups.items():
+        n = len(sel)
+        out[name] = {"seeds": n, "warm": total(sel, "warm") / n if n else math.nan,
+                     "cold": total(sel, "cold") / n if n else math.nan,
+                     "ratio": total(sel, "warm") / total(sel, "cold") if n else math.nan}
+    parity = total(groups["with"], "warm") + total(groups["without"], "cold")
+    cold = total(rows, "cold")
+    out["cold_parity_ratio"] = parity / cold if cold else math.nan
     return out
 
 

@@ -45,15 +45,16 @@ class _Strategies(Mapping[str, StrategyFactory]):
 
 
 STRATEGIES: Mapping[str, StrategyFactory] = _Strategies()
+DEFAULT_STRATEGY = "bayes"
+MAX_ENUMERATED = 2_000_000  # beyond this, candidates are a seeded sample of the valid set
+SAMPLED_CANDIDATES = 200_000
 
 
 def strategy_options(name: str) -> tuple[Mapping[str, Any], frozenset[str]]:
     """A strategy's options with their defaults, and the integer options that 0 switches off."""
     module = sys.modules[STRATEGIES[name].__module__]
     return getattr(module, "DEFAULTS", {}), getattr(module, "OFF_WITH_ZERO", frozenset())
-DEFAULT_STRATEGY = "bayes"
-MAX_ENUMERATED = 2_000_000  # beyond this, candidates are a seeded sample of the valid set
-SAMPLED_CANDIDATES = 200_000
+
 
 PriorObservation = tuple[dict[str, Any], Outcome, float | None]
 
