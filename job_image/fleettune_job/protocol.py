@@ -59,11 +59,56 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+ArgumentDtype = Literal[
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+]
+ArgumentInit = Literal["random", "zeros", "constant", "data"]
+
+
+class Argument(_Strict):
+    """One argument of a user kernel, in the kernel's parameter order.
+
+    An ``array`` is a device buffer of ``length`` elements (an expression of
+    ``problem_size`` only, so every configuration solves the same problem), filled by
+    ``init``: ``random`` (seeded: ``seed``, default derived from the argument's position),
+    ``zeros``, ``constant`` (``constant``) or ``data`` (whitespace- or comma-separated
+    numbers in the file ``data_path``, mounted from the source ConfigMap). A ``scalar`` is
+    passed by value: ``value`` is an expression of the parameters and ``problem_size``.
+    ``output`` arrays are compared with the reference after a launch.
+    """
+
+    name: str
+    kind: Literal["array", "scalar"] = "array"
+    dtype: ArgumentDtype = "float32"
+    length: str | None = None
+    value: str | None = None
+    init: ArgumentInit = "random"
+    constant: float | None = None
+    seed: int | None = None
+    data_path: str | None = None
+    output: bool = False
+
+
+class Verification(_Strict):
+    """How a user kernel's outputs are checked: against the outputs of the same source
+    compiled and launched with ``reference_config`` (the kernel's default configuration),
+    or of ``reference_function`` in the same source (launched with the reference
+    configuration's geometry). An element passes when ``|got - expected| <= atol + rtol *
+    |expected|``; NaN where the reference has a number fails."""
+
+    reference_config: dict[str, Any]
+    reference_function: str | None = None
+    atol: float = Field(default=1e-6, ge=0)
+    rtol: float = Field(default=1e-5, ge=0)
+
+
 class KernelRef(_Strict):
     """Which kernel a trial runs: a built-in of the job image, or user CUDA source.
 
-    For user source, ``source_path`` is where the Job mounts the ConfigMap key and the
-    launch geometry is given as expressions of the parameters and ``problem_size``.
+    For user source, ``source_path`` is where the Job mounts the ConfigMap key, the launch
+    geometry is given as expressions of the parameters and ``problem_size``, and
+    ``arguments`` and ``verification`` say how to feed and check the kernel (a user kernel
+    with ``builtin`` set instead implements that built-in's interface).
     """
 
     builtin: str | None = None
@@ -71,6 +116,8 @@ class KernelRef(_Strict):
     function: str | None = None
     grid: list[str] | None = None
     block: list[str] | None = None
+    arguments: list[Argument] | None = None
+    verification: Verification | None = None
 
 
 class Trial(_Strict):

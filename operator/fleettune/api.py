@@ -42,22 +42,110 @@ class _Model(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+Expression = Annotated[str, StringConstraints(min_length=1, max_length=500)]
+ArgumentDtype = Literal[
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+]
+CONFIG_MAP_KEY = r"^[-._a-zA-Z0-9]+$"
+
+
+class ArgumentSpec(_Model):
+    """One argument of a user kernel, in the kernel's parameter order."""
+
+    model_config = ConfigDict(json_schema_extra={CEL: [
+        {"rule": "self.kind != 'array' || has(self.length)", "message": "an array argument needs a length",
+         "fieldPath": ".length"},
+        {"rule": "self.kind != 'scalar' || has(self.value)", "message": "a scalar argument needs a value",
+         "fieldPath": ".value"},
+        {"rule": "self.kind != 'scalar' || !has(self.output) || !self.output",
+         "message": "a scalar argument cannot be an output", "fieldPath": ".output"},
+        {"rule": "!has(self.init) || self.init != 'constant' || has(self.constant)",
+         "message": "init: constant needs constant", "fieldPath": ".constant"},
+        {"rule": "!has(self.init) || self.init != 'data' || has(self.dataKey)",
+         "message": "init: data needs dataKey", "fieldPath": ".dataKey"},
+    ]})
+
+    name: str = Field(pattern=IDENTIFIER, max_length=63, description="The argument's name (for messages).")
+    kind: Literal["array", "scalar"] = Field(
+        default="array", description="array: a device buffer; scalar: a value passed to the kernel."
+    )
+    dtype: ArgumentDtype = Field(default="float32", description="Element type (the kernel's C type).")
+    length: Expression | None = Field(
+        default=None,
+        description="Arrays: number of elements, an expression of problem_size (e.g. problem_size[0] * "
+        "problem_size[1]); not of parameters, so every configuration solves the same problem.",
+    )
+    value: Expression | None = Field(
+        default=None, description="Scalars: an expression of the parameters and problem_size."
+    )
+    init: Literal["random", "zeros", "constant", "data"] = Field(
+        default="random",
+        description="Arrays: initial data. random: uniform in [0, 1) (integers: 0-99), seeded; zeros; constant; "
+        "data: numbers from the key dataKey of the source ConfigMap.",
+    )
+    constant: float | None = Field(default=None, description="The value of every element, with init: constant.")
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Seed of init: random.")
+    data_key: str | None = Field(
+        default=None, max_length=253, pattern=CONFIG_MAP_KEY,
+        description="With init: data, the key of the source ConfigMap holding the elements (text: numbers "
+        "separated by whitespace or commas).",
+    )
+    output: bool = Field(default=False, description="The kernel writes it: compared with the reference.")
+
+
+class VerificationSpec(_Model):
+    """How a configuration's outputs are checked before it may count as valid."""
+
+    reference_function: str | None = Field(
+        default=None, pattern=IDENTIFIER, max_length=128,
+        description="A reference kernel in the same source, launched with kernel.defaultConfig; default: the "
+        "tuned kernel itself with kernel.defaultConfig.",
+    )
+    atol: float = Field(default=1e-6, ge=0, description="Absolute tolerance per element.")
+    rtol: float = Field(default=1e-5, ge=0, description="Tolerance relative to the reference's element.")
+
+
 class SourceRef(_Model):
     """User CUDA source held in a ConfigMap of the run's namespace."""
 
-    config_map: str = Field(max_length=253, pattern=DNS_SUBDOMAIN)
-    key: str = Field(default="kernel.cu", max_length=253)
-    function: str = Field(pattern=IDENTIFIER, max_length=128, description="Kernel function name.")
-    grid: list[str] = Field(
-        min_length=1, max_length=3, description="Grid size per dimension, expressions of parameters and problem_size."
+    config_map: str = Field(
+        max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap (in the run's namespace) holding the source."
     )
-    block: list[str] = Field(min_length=1, max_length=3, description="Block size per dimension, expressions.")
+    key: str = Field(
+        default="kernel.cu", max_length=253, pattern=CONFIG_MAP_KEY, description="Key of the source in it."
+    )
+    function: str = Field(pattern=IDENTIFIER, max_length=128, description="Kernel function name (extern \"C\").")
+    grid: list[Expression] = Field(
+        min_length=1, max_length=3,
+        description="Grid size (blocks) per dimension, expressions of parameters and problem_size.",
+    )
+    block: list[Expression] = Field(
+        min_length=1, max_length=3, description="Block size (threads) per dimension, expressions."
+    )
+    arguments: list[ArgumentSpec] = Field(
+        min_length=1, max_length=32,
+        description="The kernel's arguments in order: arrays (with their data) and scalars. At least one array "
+        "must be an output.",
+    )
+    verification: VerificationSpec = Field(
+        default_factory=VerificationSpec,
+        description="Each configuration's outputs must match the reference's, or it is a correctness_error.",
+    )
 
 
 class KernelSpec(_Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
         {"rule": "has(self.builtin) != has(self.source)",
          "message": "set exactly one of kernel.builtin or kernel.source"},
+        {"rule": "!has(self.source) || has(self.defaultConfig)",
+         "message": "kernel.source needs kernel.defaultConfig: its outputs are the reference every configuration "
+                    "is checked against", "fieldPath": ".defaultConfig"},
+        {"rule": "!has(self.source) || self.source.arguments.exists(a, has(a.output) && a.output)",
+         "message": "kernel.source.arguments: at least one array must be an output (what is verified)",
+         "fieldPath": ".source.arguments"},
+        {"rule": "!has(self.source) || self.source.arguments.all(a, "
+                 "self.source.arguments.exists_one(b, b.name == a.name))",
+         "message": "kernel.source.arguments: names must be unique", "fieldPath": ".source.arguments"},
         {"rule": "has(self.problemSize) != has(self.problemSizes)",
          "message": "set exactly one of kernel.problemSize or kernel.problemSizes", "fieldPath": ".problemSize"},
         {"rule": "!has(self.problemSizes) || self.problemSizes.all(s, self.problemSizes.exists_one(t, t == s))",

@@ -59,22 +59,47 @@ def target_of_key(key: str) -> str:
     return key.split(".", 1)[0]
 
 
+KERNEL_DIR = "/etc/fleettune/kernel"
+
+
+def kernel_ref(spec: TuningRunSpec) -> dict[str, Any]:
+    """The trial's `kernel`: a built-in's name, or the user source's mount path, geometry,
+    arguments and verification (data keys resolved to their mounted files)."""
+    kernel = spec.kernel
+    source = kernel.source
+    if source is None:
+        return {"builtin": kernel.builtin}
+    arguments = []
+    for arg in source.arguments:
+        doc = arg.model_dump(exclude_none=True, exclude={"data_key"})
+        if arg.data_key:
+            doc["data_path"] = f"{KERNEL_DIR}/{arg.data_key}"
+        arguments.append(doc)
+    check = source.verification
+    return {
+        "source_path": f"{KERNEL_DIR}/{source.key}",
+        "function": source.function,
+        "grid": source.grid,
+        "block": source.block,
+        "arguments": arguments,
+        "verification": {
+            "reference_config": kernel.default_config or {},
+            "reference_function": check.reference_function,
+            "atol": check.atol,
+            "rtol": check.rtol,
+        },
+    }
+
+
 def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any],
                key: str | None = None, problem_size: Sequence[int] | None = None) -> Trial:
     kernel = spec.kernel
-    source = kernel.source
     return Trial.model_validate(
         {
             "run": run,
             "target": key or target.name,
             "index": index,
-            "kernel": {
-                "builtin": kernel.builtin,
-                "source_path": f"/etc/fleettune/kernel/{source.key}" if source else None,
-                "function": source.function if source else None,
-                "grid": source.grid if source else None,
-                "block": source.block if source else None,
-            },
+            "kernel": kernel_ref(spec),
             "config": config,
             "problem_size": list(problem_size or kernel.sizes()[0]),
             "warmups": kernel.warmups,
@@ -146,7 +171,7 @@ def render_job(
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if spec.kernel.source is not None:
         volumes.append({"name": "kernel", "configMap": {"name": spec.kernel.source.config_map}})
-        mounts.append({"name": "kernel", "mountPath": "/etc/fleettune/kernel", "readOnly": True})
+        mounts.append({"name": "kernel", "mountPath": KERNEL_DIR, "readOnly": True})
     gpus = str(target.gpus)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
