@@ -26,7 +26,8 @@ class Phase(StrEnum):
     ALLOCATE = "allocate"  # input and output buffers
     LAUNCH = "launch"  # the kernel launch call itself
     RUN = "run"  # waiting for the kernel to finish
-    VERIFY = "verify"  # reference computation and comparison
+    VERIFY = "verify"  # reference computation (built-ins) and comparison
+    REFERENCE = "reference"  # a user kernel's reference configuration: compile and run
     TIME = "time"  # warm-ups and timed repeats
 
 
@@ -60,6 +61,13 @@ class GeometryError(JobError):
 
 class WrongResult(JobError):
     outcome = Outcome.CORRECTNESS_ERROR
+
+
+class ReferenceFailed(JobError):
+    """The reference configuration of a user kernel failed: whatever the candidate did,
+    there is nothing to check it against."""
+
+    outcome = Outcome.INFRA_ERROR
 
 
 # CUDA error names (driver or runtime spelling, normalised to UPPER_SNAKE without the

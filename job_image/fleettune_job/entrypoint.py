@@ -45,8 +45,9 @@ TERMINATION_LOG_ENV = "FLEETTUNE_TERMINATION_LOG"
 WORKER_MODULE = "fleettune_job.worker"
 # Time the worker gets to exit after SIGKILL before we stop waiting for it.
 REAP_TIMEOUT_S = 10.0
-# Phases before the kernel exists: a timeout there is the node's fault, not the configuration's.
-_INFRA_PHASES = {Phase.DEVICE, Phase.SETUP, Phase.ALLOCATE}
+# Phases before the kernel exists, and the reference's run: a timeout there is not the
+# configuration's fault.
+_INFRA_PHASES = {Phase.DEVICE, Phase.SETUP, Phase.ALLOCATE, Phase.REFERENCE}
 
 
 class TrialInputError(ValueError):

@@ -1,24 +1,29 @@
 """From a trial to everything needed to build and launch it, without touching the GPU.
 
-A trial names a built-in kernel, or user CUDA source (a mounted ConfigMap key) together
-with the built-in whose *interface* it implements: the built-in supplies the argument
-list, the input data, the reference result and, unless the trial gives its own, the
-launch geometry. Without such an interface the job could neither feed nor check a user
+A trial names a built-in kernel, or user CUDA source (a mounted ConfigMap key). User
+source either declares its own interface (``kernel.arguments``: what to allocate and pass,
+``kernel.verification``: the reference configuration whose outputs every configuration
+must reproduce), or implements the interface of a built-in, which then supplies the
+argument list, the input data, the reference result and, unless the trial gives its own,
+the launch geometry. Without an interface the job could neither feed nor check a user
 kernel, and a fast wrong kernel would win the tuning run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from fleettune_job.arguments import ArraySpec, KernelArgument, resolve_arguments, scalar_values
 from fleettune_job.classify import GeometryError, InvalidConfiguration, TrialSpecError
-from fleettune_job.expressions import ExpressionError, geometry
+from fleettune_job.expressions import ExpressionError, Number, geometry
 from fleettune_job.kernels import BUILTINS, KernelDescriptor, Problem
 from fleettune_job.kernels.base import as_int, define_value
-from fleettune_job.protocol import Trial
+from fleettune_job.protocol import KernelRef, Trial
 
 MAX_SOURCE_BYTES = 1 << 20
 
@@ -38,19 +43,68 @@ class Prepared:
 
     @property
     def options(self) -> tuple[str, ...]:
-        return tuple(f"-D{name}={value}" for name, value in sorted(self.defines.items()))
+        return _options(self.defines)
 
     @property
     def threads_per_block(self) -> int:
         return self.block[0] * self.block[1] * self.block[2]
 
 
-def prepare(trial: Trial) -> Prepared:
+@dataclass(frozen=True)
+class KernelBuild:
+    """One compile and launch of a user kernel: the candidate configuration, or the reference."""
+
+    source: str
+    function: str
+    defines: dict[str, str]  # NVRTC -D name=value
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    scalars: dict[str, np.generic]  # by-value arguments, by name
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return _options(self.defines)
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(frozen=True)
+class PreparedUser:
+    """A user kernel with its own interface: arguments, candidate and reference builds."""
+
+    label: str
+    config: dict[str, Any]
+    problem_size: tuple[int, ...]
+    arguments: tuple[KernelArgument, ...]
+    candidate: KernelBuild
+    reference: KernelBuild | None  # None: the candidate is the reference, nothing to compare
+    atol: float
+    rtol: float
+
+    @property
+    def outputs(self) -> tuple[ArraySpec, ...]:
+        return tuple(a for a in self.arguments if isinstance(a, ArraySpec) and a.output)
+
+
+def _options(defines: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(f"-D{name}={value}" for name, value in sorted(defines.items()))
+
+
+def prepare(trial: Trial) -> Prepared | PreparedUser:
     ref = trial.kernel
+    if ref.arguments is not None:
+        if ref.builtin:
+            raise TrialSpecError("kernel.arguments declare a user kernel's own interface: kernel.builtin must be unset")
+        return _prepare_user_kernel(trial)
+    if ref.verification is not None:
+        raise TrialSpecError("kernel.verification applies to user kernels with kernel.arguments only")
     if not ref.builtin:
         raise TrialSpecError(
-            "kernel.builtin is required: it names the built-in kernel, or for user source the "
-            f"built-in interface the source implements (one of: {', '.join(sorted(BUILTINS))})"
+            "kernel.builtin is required unless kernel.arguments declare the user kernel's interface: it names "
+            "the built-in kernel, or for user source the built-in interface the source implements (one of: "
+            f"{', '.join(sorted(BUILTINS))})"
         )
     desc = BUILTINS.get(ref.builtin)
     if desc is None:
@@ -87,9 +141,7 @@ def _prepare_builtin(trial: Trial, desc: KernelDescriptor, problem_size: tuple[i
                    desc.grid, desc.block, problem_size)
 
 
-def _prepare_user_source(trial: Trial, desc: KernelDescriptor, problem_size: tuple[int, ...]) -> Prepared:
-    ref = trial.kernel
-    path = Path(ref.source_path or "")
+def _read_source(path: Path) -> str:
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -98,9 +150,24 @@ def _prepare_user_source(trial: Trial, desc: KernelDescriptor, problem_size: tup
     if len(raw) > MAX_SOURCE_BYTES:
         raise TrialSpecError(f"kernel source {path} is larger than {MAX_SOURCE_BYTES} bytes")
     try:
-        source = raw.decode()
+        return raw.decode()
     except UnicodeDecodeError:
         raise TrialSpecError(f"kernel source {path} is not UTF-8") from None
+
+
+def _expression_names(config: Mapping[str, Any]) -> dict[str, Number]:
+    """The configuration entries expressions can use: numbers, and booleans as 0/1."""
+    numeric: dict[str, Number] = {
+        k: v for k, v in config.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    numeric |= {k: int(v) for k, v in config.items() if isinstance(v, bool)}
+    return numeric
+
+
+def _prepare_user_source(trial: Trial, desc: KernelDescriptor, problem_size: tuple[int, ...]) -> Prepared:
+    ref = trial.kernel
+    path = Path(ref.source_path or "")
+    source = _read_source(path)
 
     # The interface's own parameters (filter sizes, use_cmem, ...) keep the built-in's
     # defaults unless the configuration sets them; every other entry is the user's.
@@ -112,8 +179,7 @@ def _prepare_user_source(trial: Trial, desc: KernelDescriptor, problem_size: tup
     except ValueError as exc:
         raise InvalidConfiguration(str(exc)) from None
     defines: dict[str, Any] = dict(problem_config) | dict(trial.config)
-    numeric = {k: v for k, v in defines.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    numeric |= {k: int(v) for k, v in defines.items() if isinstance(v, bool)}
+    numeric = _expression_names(defines)
     return _finish(desc, source, ref.function or desc.function, f"{path.name} ({desc.name} interface)",
                    problem_config, defines, tuple(ref.grid or desc.grid), tuple(ref.block or desc.block),
                    problem_size, names=numeric)
@@ -157,3 +223,65 @@ def _finish(
         problem=desc.problem,
         descriptor=desc,
     )
+
+
+def user_defines(config: Mapping[str, Any], problem_size: Sequence[int]) -> dict[str, str]:
+    """A user kernel's compile-time defines: every parameter, and ``problem_size_<i>``. The
+    operator's up-front compile and the fleet simulator build with exactly these."""
+    defines = dict(config) | {f"problem_size_{i}": n for i, n in enumerate(problem_size)}
+    return {name: define_value(name, value) for name, value in defines.items()}
+
+
+def user_options(config: Mapping[str, Any], problem_size: Sequence[int]) -> tuple[str, ...]:
+    """NVRTC options of :func:`user_defines` (raises ValueError for a value that cannot be a define)."""
+    return _options(user_defines(config, problem_size))
+
+
+def _prepare_user_kernel(trial: Trial) -> PreparedUser:
+    ref = trial.kernel
+    missing = [name for name in ("source_path", "function", "grid", "block", "verification") if not getattr(ref, name)]
+    if missing:
+        raise TrialSpecError(f"a user kernel needs {', '.join(f'kernel.{name}' for name in missing)}")
+    assert ref.arguments is not None and ref.verification is not None and ref.function
+    problem_size = tuple(int(n) for n in trial.problem_size)
+    if any(n < 1 for n in problem_size):
+        raise TrialSpecError(f"problem_size entries must be positive, got {list(problem_size)}")
+    path = Path(ref.source_path or "")
+    source = _read_source(path)
+    arguments = resolve_arguments(ref.arguments, problem_size)
+
+    check = ref.verification
+    # The reference first: when it cannot even be prepared, every configuration would fail
+    # the same way, which is the run's problem, not this configuration's.
+    try:
+        reference = _user_build(source, check.reference_function or ref.function, check.reference_config, ref,
+                                arguments, problem_size)
+    except (GeometryError, InvalidConfiguration) as exc:
+        raise TrialSpecError(f"reference configuration failed: {exc}") from None
+    candidate = _user_build(source, ref.function, trial.config, ref, arguments, problem_size)
+    return PreparedUser(
+        label=f"{path.name}:{ref.function}",
+        config=dict(trial.config),
+        problem_size=problem_size,
+        arguments=arguments,
+        candidate=candidate,
+        reference=None if reference == candidate else reference,
+        atol=check.atol,
+        rtol=check.rtol,
+    )
+
+
+def _user_build(source: str, function: str, config: Mapping[str, Any], ref: KernelRef,
+                arguments: tuple[KernelArgument, ...], problem_size: tuple[int, ...]) -> KernelBuild:
+    names = _expression_names(config)
+    try:
+        grid = geometry(ref.grid or (), names, problem_size, "grid")
+        block = geometry(ref.block or (), names, problem_size, "block")
+    except ExpressionError as exc:
+        raise GeometryError(f"launch geometry: {exc}") from None
+    try:
+        rendered = user_defines(config, problem_size)
+        scalars = scalar_values(arguments, names, problem_size)
+    except ValueError as exc:
+        raise InvalidConfiguration(str(exc)) from None
+    return KernelBuild(source=source, function=function, defines=rendered, grid=grid, block=block, scalars=scalars)

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from fleettune_job.classify import NoGpu, Phase, WrongResult, classify, short
+from fleettune_job.arguments import ArraySpec, KernelArgument, initial_arrays
+from fleettune_job.classify import NoGpu, Phase, ReferenceFailed, WrongResult, classify, short
 from fleettune_job.fingerprint import device_fingerprint, device_limits
 from fleettune_job.kernels.base import compare
-from fleettune_job.prepare import Prepared, prepare
+from fleettune_job.prepare import KernelBuild, Prepared, PreparedUser, prepare
 from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
 from fleettune_job.timing import cuda_event_timer, measure, reported, summarize
 
@@ -54,7 +55,7 @@ def load_cupy() -> Any:
     return cupy
 
 
-def compile_kernel(cupy: Any, prepared: Prepared) -> tuple[Any, Any, bool]:
+def compile_kernel(cupy: Any, prepared: Prepared | KernelBuild) -> tuple[Any, Any, bool]:
     """(module, kernel, cached). Module load happens here too, so loader errors
     (PTX JIT, too much shared memory) surface in the compile phase."""
     key = (hashlib.sha256(prepared.source.encode()).hexdigest(), prepared.options, prepared.function)
@@ -77,7 +78,7 @@ def kernel_resources(kernel: Any) -> dict[str, int]:
     return out
 
 
-def describe_launch(prepared: Prepared, resources: dict[str, int]) -> str:
+def describe_launch(prepared: Prepared | KernelBuild, resources: dict[str, int]) -> str:
     g, b = prepared.grid, prepared.block
     text = f"grid {g[0]}x{g[1]}x{g[2]}, block {b[0]}x{b[1]}x{b[2]} = {prepared.threads_per_block} threads"
     if "max_threads_per_block" in resources:
@@ -119,6 +120,8 @@ def run_trial(trial: Trial, progress: Progress | None = None,
         prepared = prepare(trial)
         log(f"trial {trial.run}/{trial.target}#{trial.index}: {prepared.label} {prepared.config} "
             f"problem {list(prepared.problem_size)}")
+        if isinstance(prepared, PreparedUser):
+            return _execute_user(cupy, trial, prepared, state, enter, started, clock)
         return _execute(cupy, trial, prepared, state, enter, started, clock)
     except Exception as exc:
         outcome, text = classify(exc, state.phase)
@@ -129,15 +132,20 @@ def run_trial(trial: Trial, progress: Progress | None = None,
                            compile_s=state.compile_s)
 
 
+def _compile(cupy: Any, build: Prepared | KernelBuild, state: _State, clock: Callable[[], float]) -> tuple[Any, Any]:
+    t0 = clock()
+    module, kernel, cached = compile_kernel(cupy, build)
+    state.compile_s = round(clock() - t0, 3)
+    resources = kernel_resources(kernel)
+    state.context = describe_launch(build, resources)
+    log(f"compiled in {state.compile_s} s{' (in-process cache)' if cached else ''}: {resources}")
+    return module, kernel
+
+
 def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
              enter: Callable[[Phase], None], started: float, clock: Callable[[], float]) -> TrialResult:
     enter(Phase.COMPILE)
-    t0 = clock()
-    module, kernel, cached = compile_kernel(cupy, prepared)
-    state.compile_s = round(clock() - t0, 3)
-    resources = kernel_resources(kernel)
-    state.context = describe_launch(prepared, resources)
-    log(f"compiled in {state.compile_s} s{' (in-process cache)' if cached else ''}: {resources}")
+    module, kernel = _compile(cupy, prepared, state, clock)
 
     enter(Phase.ALLOCATE)
     problem = prepared.problem
@@ -172,6 +180,80 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
         raise WrongResult(f"wrong result: {mismatch}")
 
     enter(Phase.TIME)
+    flops = problem.flops(prepared.problem_size, prepared.config)
+    return _timed(cupy, trial, launch, state, started, run_started, clock, flops)
+
+
+def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
+                  enter: Callable[[Phase], None], started: float, clock: Callable[[], float]) -> TrialResult:
+    build = user.candidate
+    enter(Phase.COMPILE)
+    _, kernel = _compile(cupy, build, state, clock)
+
+    enter(Phase.ALLOCATE)
+    host = initial_arrays(user.arguments)
+    device = {name: cupy.asarray(data) for name, data in host.items()}
+    args = launch_arguments(user.arguments, device, build.scalars)
+
+    def launch() -> None:
+        kernel(build.grid, build.block, args)
+
+    enter(Phase.LAUNCH)
+    run_started = clock()
+    launch()
+    enter(Phase.RUN)
+    cupy.cuda.runtime.deviceSynchronize()
+
+    if user.reference is None:
+        log("the configuration is the reference configuration: nothing to compare")
+    else:
+        enter(Phase.REFERENCE)
+        expected = run_reference(cupy, user.reference, user.arguments, host)
+        enter(Phase.VERIFY)
+        for out in user.outputs:
+            mismatch = compare(cupy, device[out.name], expected[out.name], user.atol, user.rtol,
+                               nan_is_unwritten=False)
+            if mismatch:
+                raise WrongResult(f"wrong result in {out.name}: {mismatch}")
+        del expected
+    del host
+
+    enter(Phase.TIME)
+    return _timed(cupy, trial, launch, state, started, run_started, clock)
+
+
+def launch_arguments(arguments: tuple[KernelArgument, ...], device: dict[str, Any],
+                     scalars: dict[str, Any]) -> tuple[Any, ...]:
+    """The kernel's parameters in declaration order: device arrays and by-value scalars."""
+    return tuple(device[a.name] if isinstance(a, ArraySpec) else scalars[a.name] for a in arguments)
+
+
+def run_reference(cupy: Any, reference: KernelBuild, arguments: tuple[KernelArgument, ...],
+                  host: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The reference's output arrays, computed on fresh copies of the candidate's initial data.
+
+    Any failure here is the reference's, not the candidate's: :class:`ReferenceFailed`.
+    """
+    step = Phase.COMPILE
+    kernel = None
+    try:
+        _, kernel, _ = compile_kernel(cupy, reference)
+        step = Phase.ALLOCATE
+        device = {name: cupy.asarray(data) for name, data in host.items()}
+        step = Phase.LAUNCH
+        kernel(reference.grid, reference.block, launch_arguments(arguments, device, reference.scalars))
+        step = Phase.RUN
+        cupy.cuda.runtime.deviceSynchronize()
+    except Exception as exc:
+        _, text = classify(exc, step)
+        if step in (Phase.LAUNCH, Phase.RUN):
+            text += f" ({describe_launch(reference, kernel_resources(kernel))})"
+        raise ReferenceFailed(f"reference configuration failed: {text}") from None
+    return {a.name: device[a.name] for a in arguments if isinstance(a, ArraySpec) and a.output}
+
+
+def _timed(cupy: Any, trial: Trial, launch: Callable[[], None], state: _State, started: float,
+           run_started: float, clock: Callable[[], float], flops: float = 0.0) -> TrialResult:
     times = measure(
         launch,
         cuda_event_timer(cupy),
@@ -182,7 +264,6 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
         clock=clock,
     )
     stats = summarize(times)
-    flops = problem.flops(prepared.problem_size, prepared.config)
     rate = f", {flops / stats.median / 1e6:.1f} GFLOP/s" if flops and stats.median > 0 else ""
     log(f"timed: {stats.line()}{rate}")
     if not stats.median > 0:

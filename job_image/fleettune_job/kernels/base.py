@@ -224,28 +224,40 @@ def define_value(name: str, value: Any) -> str:
     raise ValueError(f"parameter {name} has a value that cannot be a compile-time constant: {value!r}")
 
 
-def compare(xp: Any, got: Any, expected: Any, atol: float) -> str | None:
-    """None when ``got`` matches ``expected`` within ``atol``, else a short diagnosis.
+def compare(xp: Any, got: Any, expected: Any, atol: float, rtol: float = 0.0, *,
+            nan_is_unwritten: bool = True) -> str | None:
+    """None when every element of ``got`` is within ``atol + rtol * |expected|`` of
+    ``expected`` (in float64), else a short diagnosis.
 
-    NaN counts as wrong: the output is pre-filled with NaN, so an element the kernel
-    never wrote shows up here instead of passing by luck.
+    NaN counts as wrong unless the expected element is NaN too. Built-in outputs are
+    pre-filled with NaN (``nan_is_unwritten``), so an element the kernel never wrote shows
+    up here instead of passing by luck.
     """
     if tuple(got.shape) != tuple(expected.shape):
         return f"output shape {tuple(got.shape)} != expected {tuple(expected.shape)}"
-    diff = xp.abs(got.astype(xp.float64) - expected)
-    bad = ~(diff <= atol)
+    got64 = got.astype(xp.float64, copy=False)
+    exp64 = expected.astype(xp.float64, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: settled by the equality below
+        diff = xp.abs(got64 - exp64)
+        # rtol * inf would let anything but NaN match an infinite reference.
+        ok = (diff <= atol + rtol * xp.abs(exp64)) & xp.isfinite(exp64)
+    ok |= got64 == exp64
+    ok |= xp.isnan(got64) & xp.isnan(exp64)
+    bad = ~ok
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None
     flat = int(xp.argmax(bad.ravel().astype(xp.uint8)))
     where = tuple(int(i) for i in np.unravel_index(flat, tuple(got.shape)))
-    got_v = float(got.ravel()[flat])
-    exp_v = float(expected.ravel()[flat])
-    unwritten = int(xp.isnan(got).sum())
+    got_v = float(got64.ravel()[flat])
+    exp_v = float(exp64.ravel()[flat])
+    tolerance = f"tolerance {atol:g}" + (f" + {rtol:g} x |expected|" if rtol else "")
     text = (
-        f"{n_bad} of {got.size} elements wrong (tolerance {atol:g}); first at {list(where)}: "
+        f"{n_bad} of {got.size} elements wrong ({tolerance}); first at {list(where)}: "
         f"got {got_v:g}, expected {exp_v:g}"
     )
-    if unwritten:
-        text += f"; {unwritten} never written"
+    if nan_is_unwritten:
+        unwritten = int(xp.isnan(got64).sum())
+        if unwritten:
+            text += f"; {unwritten} never written"
     return text

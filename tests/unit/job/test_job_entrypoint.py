@@ -144,11 +144,13 @@ def test_a_hung_worker_is_killed_and_reported_as_timeout(fake_worker: Path) -> N
     assert result.fingerprint.product == "Fake GPU"
 
 
-def test_hanging_before_the_kernel_exists_is_the_nodes_fault(fake_worker: Path) -> None:
+@pytest.mark.parametrize("phase", ["device", "reference"])
+def test_hanging_before_the_kernel_exists_or_in_the_reference_is_not_the_configurations_fault(
+        fake_worker: Path, phase: str) -> None:
     trial = TRIAL.model_copy(update={"timeout_s": 1.0})
     result = supervise(trial, worker_module="fake_worker",
-                       extra_env=env_with_path(fake_worker, JOB_IMAGE) | {"FAKE_MODE": "hang", "FAKE_PHASE": "device"})
-    assert result.outcome == Outcome.INFRA_ERROR and "phase device" in result.error
+                       extra_env=env_with_path(fake_worker, JOB_IMAGE) | {"FAKE_MODE": "hang", "FAKE_PHASE": phase})
+    assert result.outcome == Outcome.INFRA_ERROR and f"phase {phase}" in result.error
 
 
 @pytest.mark.parametrize(

@@ -163,6 +163,23 @@ def test_compare_reports_wrong_and_unwritten_elements() -> None:
     assert "shape" in (compare(np, got[:2], expected, 0.0) or "")
 
 
+def test_compare_with_a_relative_tolerance_and_non_finite_references() -> None:
+    expected = np.array([1000.0, 1.0, np.inf, -np.inf, np.nan, 0.0])
+    got = np.array([1000.5, 1.0, np.inf, -np.inf, np.nan, 1e-7], dtype=np.float32)
+    assert compare(np, got, expected, 1e-6, 1e-3, nan_is_unwritten=False) is None
+    text = compare(np, got, expected, 1e-6, 1e-4, nan_is_unwritten=False)  # 0.5 > 1e-6 + 1e-4 * 1000
+    assert text == ("1 of 6 elements wrong (tolerance 1e-06 + 0.0001 x |expected|); first at [0]: "
+                    "got 1000.5, expected 1000")
+    for i, bad in ((1, np.nan), (2, -np.inf), (4, 0.0)):  # NaN or a number where the other has neither
+        wrong = got.copy()
+        wrong[i] = bad
+        text = compare(np, wrong, expected, 1e-6, 1.0, nan_is_unwritten=False)
+        assert text is not None and f"first at [{i}]" in text and "never written" not in text
+    ints = np.array([3, 250], dtype=np.uint8)
+    assert compare(np, ints, np.array([3, 250], dtype=np.uint8), 0.0) is None
+    assert "got 250, expected 251" in (compare(np, ints, np.array([3, 251], dtype=np.uint8), 0.0) or "")
+
+
 def test_tolerance_grows_only_beyond_exact_float32_range() -> None:
     gemm = BUILTINS["gemm"]
     assert gemm.problem.tolerance([64, 64, 2**21], gemm.default_config) > 0

@@ -1,69 +1,40 @@
-"""The built-in kernels through the real CUDA compiler, without a GPU.
+"""The built-in kernels, and a user kernel as prepare() builds it, through the real CUDA
+compiler, without a GPU.
 
-NVRTC (and the ptxas inside it) needs no device, only libnvrtc: from a CUDA toolkit, or
-the ``nvidia-cuda-nvrtc-cu12`` wheel, or the path in ``FLEETTUNE_NVRTC``. This checks
-that every built-in compiles for the GPUs of the fleet (Jetson Orin sm_87 included), and
-that "too much shared memory" configurations are refused at compile time, which is what
-the job classifies as compile_error. Skipped where libnvrtc is not found.
+NVRTC (and the ptxas inside it) needs no device, only libnvrtc (``fleettune_job.nvrtc``
+finds it: a CUDA toolkit, the ``nvidia-cuda-nvrtc-cu12`` wheel, or the path in
+``FLEETTUNE_NVRTC``). This checks that every built-in compiles for the GPUs of the fleet
+(Jetson Orin sm_87 included), that a user kernel and its reference compile with the
+defines the job passes, and that "too much shared memory" configurations are refused at
+compile time, which is what the job classifies as compile_error. Skipped where libnvrtc
+is not found.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import importlib.util
-import os
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleettune_job import nvrtc
 from fleettune_job.classify import compiler_summary
-from fleettune_job.prepare import prepare
-from fleettune_job.protocol import KernelRef, Trial
+from fleettune_job.prepare import Prepared, PreparedUser, prepare
+from fleettune_job.protocol import Argument, KernelRef, Trial, Verification
 
-
-@cache
-def nvrtc() -> ctypes.CDLL | None:
-    candidates = [os.environ.get("FLEETTUNE_NVRTC", "")]
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        candidates.append(str(Path(root) / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"))
-    candidates += [ctypes.util.find_library("nvrtc") or "", "/usr/local/cuda/lib64/libnvrtc.so"]
-    for path in candidates:
-        if path:
-            try:
-                return ctypes.CDLL(path)
-            except OSError:
-                continue
-    return None
-
-
-pytestmark = pytest.mark.skipif(nvrtc() is None, reason="libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12 "
-                                                      "or set FLEETTUNE_NVRTC)")
+pytestmark = pytest.mark.skipif(not nvrtc.available(), reason="libnvrtc not found (pip install "
+                                "nvidia-cuda-nvrtc-cu12 or set FLEETTUNE_NVRTC)")
 
 
 def nvrtc_compile(source: str, options: list[str]) -> tuple[bool, str]:
-    lib = nvrtc()
-    assert lib is not None
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernel.cu", 0, None, None) == 0
-    try:
-        opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
-        ok = lib.nvrtcCompileProgram(prog, len(options), opts) == 0
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        return ok, log.value.decode(errors="replace")
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    compiled = nvrtc.compile_source(source, options)
+    return compiled.ok, compiled.log
 
 
 def build(name: str, config: dict[str, Any], problem_size: list[int], arch: str = "sm_80") -> tuple[bool, str]:
     p = prepare(Trial(run="r", target="t", index=0, kernel=KernelRef(builtin=name), config=config,
                       problem_size=problem_size))
+    assert isinstance(p, Prepared)
     return nvrtc_compile(p.source, [*p.options, f"-arch={arch}"])
 
 
@@ -110,7 +81,64 @@ def test_too_much_shared_memory_is_refused_at_compile_time(name: str, config: di
 def test_static_assertions_guard_the_kernel_rules() -> None:
     p = prepare(Trial(run="r", target="t", index=0, kernel=KernelRef(builtin="gemm"), config={},
                       problem_size=[1024, 1024, 1024]))
+    assert isinstance(p, Prepared)
     options = [o if not o.startswith("-Dmatrix_m=") else "-Dmatrix_m=1000" for o in p.options]
     ok, log = nvrtc_compile(p.source, [*options, "-arch=sm_80"])
     assert not ok
     assert "M must be a multiple of block_size_y * tile_size_y" in compiler_summary(log)
+
+
+USER_SOURCE = r"""
+extern "C" __global__ void saxpy(float *y, const float *x, float a, int n) {
+    __shared__ float stage[BLOCK * ITEMS];
+    const int base = blockIdx.x * BLOCK * ITEMS;
+    for (int k = 0; k < ITEMS; k++) {
+        const int i = base + k * BLOCK + threadIdx.x;
+        stage[k * BLOCK + threadIdx.x] = i < n ? x[i] : 0.0f;
+    }
+    __syncthreads();
+    for (int k = 0; k < ITEMS; k++) {
+        const int i = base + k * BLOCK + threadIdx.x;
+        if (i < n) y[i] += a * stage[k * BLOCK + threadIdx.x];
+    }
+}
+
+extern "C" __global__ void saxpy_ref(float *y, const float *x, float a, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+"""
+
+
+def user_kernel(tmp_path: Path, config: dict[str, Any]) -> PreparedUser:
+    src = tmp_path / "saxpy.cu"
+    src.write_text(USER_SOURCE)
+    kernel = KernelRef(
+        source_path=str(src), function="saxpy", grid=["cdiv(problem_size[0], BLOCK * ITEMS)"], block=["BLOCK"],
+        arguments=[Argument(name="y", length="problem_size[0]", output=True),
+                   Argument(name="x", length="problem_size[0]"),
+                   Argument(name="a", kind="scalar", value="2"),
+                   Argument(name="n", kind="scalar", dtype="int32", value="problem_size[0]")],
+        verification=Verification(reference_config={"BLOCK": 128, "ITEMS": 1}, reference_function="saxpy_ref"),
+    )
+    p = prepare(Trial(run="r", target="t", index=0, kernel=kernel, config=config, problem_size=[100_000]))
+    assert isinstance(p, PreparedUser)
+    return p
+
+
+@pytest.mark.parametrize("cc", ["8.0", "8.7"])
+def test_a_user_kernel_and_its_reference_compile_with_the_jobs_options(tmp_path: Path, cc: str) -> None:
+    p = user_kernel(tmp_path, {"BLOCK": 256, "ITEMS": 4})
+    assert p.reference is not None
+    for build in (p.candidate, p.reference):
+        assert nvrtc.check_kernel(build.source, build.options, build.function, cc) is None
+    # The defines are what sizes the kernel: without them it does not compile at all.
+    ok, log = nvrtc_compile(USER_SOURCE, [nvrtc.arch_option(cc)])
+    assert not ok and "BLOCK" in compiler_summary(log)
+
+
+def test_a_user_configuration_beyond_the_shared_memory_limit_is_refused(tmp_path: Path) -> None:
+    build = user_kernel(tmp_path, {"BLOCK": 1024, "ITEMS": 16}).candidate  # 64 KiB of static shared memory
+    problem = nvrtc.check_kernel(build.source, build.options, build.function, "8.7")
+    assert problem is not None and "too much shared data" in problem
+    assert nvrtc.check_kernel(build.source, build.options, "saxpy_typo", "8.0") is not None
