@@ -13,7 +13,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("fleettune.cluster.cli", "start, stop or inspect the local control plane and simulated GPU fleet"),
     "operator": ("fleettune.controller.run", "run the operator against the current kubeconfig"),
-    "simulate": ("fleettune.sim.cli", "answer trial Pods on fake GPU nodes from recorded measurements"),
+    "simulate": ("fleettune.sim.cli", "answer trial Pods on fake GPU nodes (recordings; user source via NVRTC)"),
     "demo": ("fleettune.demo", "local control plane + fleet + operator + examples/convolution-fleet.yaml"),
     "report": ("fleettune.report", "per-pool table and an HTML/PNG report of a run"),
     "predict": ("fleettune.predict", "recommend a configuration for a problem size that was never tuned"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -147,10 +148,17 @@ def test_up_is_idempotent_restarts_keep_state_and_down_leaves_nothing(tmp_path: 
         st = c.status()
         assert all(info["running"] for info in st["components"].values())
         assert sorted(st["nodes"]) == sorted(fleet.pool_names())
+        # What `fleettune demo --keep` leaves running with the cluster, and `down` must stop.
+        sim, _ = c.start_service("simulator", [sys.executable, "-m", "fleettune.cli", "simulate",
+                                               "--kubeconfig", str(c.kubeconfig), "--state-dir", str(state)])
+        log = c.logs_dir / "simulator.log"
+        wait_for(lambda: "simulating pools a100, rtx-a4000, jetson-orin" in log.read_text(), 60,
+                 "the simulator to start")
+        assert c.status()["services"]["simulator"]["pid"] == sim.pid
     finally:
         c.down()
     assert not state.exists()
-    assert not find(lambda argv: any(str(state) in a for a in argv)), "a component survived `down`"
+    assert not find(lambda argv: any(str(state) in a for a in argv)), "a component or service survived `down`"
     for pid in pids.values():
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from fleettune.cluster.fleet import POOL_LABEL, packaged_recordings_dir
+from fleettune_job import nvrtc
 from fleettune_job.protocol import (
     EXIT_CODES,
     INVALID_CONFIG_EXIT_CODES,
@@ -192,3 +193,78 @@ def test_a_trial_pod_deleted_while_running_is_removed_and_never_answered(cluster
         wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace, label_selector="job-name=cut").items
                               if p.metadata.uid == pod.metadata.uid], 20, "the pod to be removed")
     assert slow.answered == [] and not slow.errors
+
+
+USER_SOURCE = """
+extern "C" __global__ void scale(float *x, int n) {
+    int i = blockIdx.x * block_size_x * tile + threadIdx.x;
+    for (int t = 0; t < tile; t++) {
+        if (i + t * block_size_x < n) x[i + t * block_size_x] *= 2.0f;
+    }
+}
+"""
+
+
+def _user_source_job(name: str, config: dict) -> dict:
+    trial = Trial(run="sim-test", target="a100", index=0, config=config, problem_size=[1 << 20], kernel={
+        "source_path": "/etc/fleettune/kernel/scale.cu", "function": "scale",
+        "grid": ["cdiv(problem_size[0], block_size_x)"], "block": ["block_size_x"],
+        "arguments": [{"name": "x", "length": "problem_size[0]", "output": True},
+                      {"name": "n", "kind": "scalar", "dtype": "int32", "value": "problem_size[0]"}],
+        "verification": {"reference_config": {"block_size_x": 128, "tile": 1}}})
+    job = _trial_job(name, "a100", None, trial_env=trial.to_env(), backoff=1)
+    pod = job["spec"]["template"]["spec"]
+    # As the operator renders a user-source Job (fleettune.jobs): the source ConfigMap mounted read-only.
+    pod["volumes"] = [{"name": "kernel", "configMap": {"name": "scale-src"}}]
+    pod["containers"][0]["volumeMounts"] = [{"name": "kernel", "mountPath": "/etc/fleettune/kernel",
+                                             "readOnly": True}]
+    return job
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="libnvrtc is not installed")
+def test_user_source_is_compiled_for_real_and_timed_by_a_synthetic_model(api_client, namespace, simulator):
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "scale-src"},
+                                                  "data": {"scale.cu": USER_SOURCE}})
+    batch.create_namespaced_job(namespace, _user_source_job("compiles", {"block_size_x": 128, "tile": 2}))
+    # `tile` undefined: NVRTC's own error, and the configuration is invalid (no retry).
+    batch.create_namespaced_job(namespace, _user_source_job("undefined", {"block_size_x": 128}))
+    ok = wait_for(lambda: _finished(batch, namespace, "compiles"), 60, "the compiling trial to finish")
+    assert ok.type == "Complete"
+    result = decode(_terminated(core, namespace, "compiles")[0].message)
+    assert result.outcome == Outcome.OK and result.objective
+    assert result.fingerprint.synthetic and result.fingerprint.compute_capability == "8.0"
+    failed = wait_for(lambda: _finished(batch, namespace, "undefined"), 60, "the broken trial to finish")
+    assert (failed.type, failed.reason) == ("Failed", "PodFailurePolicy")
+    [term] = _terminated(core, namespace, "undefined")
+    assert term.exit_code == EXIT_CODES[Outcome.COMPILE_ERROR]
+    broken = decode(term.message)
+    assert broken.outcome == Outcome.COMPILE_ERROR and 'identifier "tile" is undefined' in broken.error
+    assert simulator.compiler.compiles == 2
+
+
+def test_a_pod_on_a_deleted_node_is_never_answered(cluster, api_client, namespace):
+    from fleettune.sim import FleetSimulator
+
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    node = f"a100-lost-{uuid.uuid4().hex[:6]}"
+    core.create_node(cluster.fleet.pool("a100").node_manifest(node))
+    # Deleted before the simulated trial (~9 s) ends: its answer is never due.
+    with FleetSimulator(cluster.kubeconfig, cluster.fleet, time_scale=10) as slow:
+        try:
+            job = _trial_job("lost", "a100", {}, backoff=0)
+            job["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
+            batch.create_namespaced_job(namespace, job)
+            wait_for(lambda: slow.pending == 1, 60, "the simulator to start the trial")
+            [pod] = core.list_namespaced_pod(namespace, label_selector="job-name=lost").items
+            assert pod.spec.node_name == node
+        finally:
+            core.delete_node(node)
+        wait_for(lambda: slow.lost == 1, 30, "the trial's answer to come due")
+        time.sleep(1.0)
+        after = core.read_namespaced_pod(pod.metadata.name, namespace)
+        assert after.status.phase != "Succeeded"
+        assert not [s for s in after.status.container_statuses or [] if s.state.terminated]
+        assert slow.answered == [] and slow.outcomes == {} and not slow.errors
+    # No kubelet will ever confirm its deletion (the pod GC would, 40 s on): force it.
+    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)

@@ -5,6 +5,10 @@ module to ./staging with replace lines, which a dependant cannot inherit), so ea
 component is built from a tiny wrapper module that repeats those replaces against the
 published staging modules. Binaries are cached outside the repository, keyed by
 version, so only the first run on a machine pays for the build.
+
+A build says one line when it starts (with the path of its full log), one when it ends,
+and a heartbeat every few minutes: Go's per-module download and per-package lines go to
+the log only, whose path a failure repeats with the last lines.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ _STAGING = (
 KUBE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
 Progress = Callable[[str], None]
+HEARTBEAT_S = 300.0
 
 
 def cache_root() -> Path:
@@ -76,29 +81,39 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def _run(cmd: list[str], cwd: Path, progress: Progress, label: str) -> None:
+def build_log(label: str) -> Path:
+    """Where the full output of building ``label`` goes."""
+    return cache_root() / "logs" / f"build-{label}.log"
+
+
+def _run(cmd: list[str], cwd: Path, progress: Progress, label: str, log: Path) -> None:
     started = time.monotonic()
-    progress(f"{label}: {' '.join(cmd[:3])} ...")
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    tail: list[str] = []
-    built = 0
-    last_report = started
-    for line in proc.stdout:
-        tail = [*tail[-39:], line.rstrip()]
-        if line.startswith("go: downloading"):
-            progress(f"{label}: {line.strip()}")
-        elif not line.startswith(("#", " ", "\t")) and "/" in line and " " not in line.strip():
-            # `go build -v` names each package as it is compiled: a heartbeat for long builds.
-            built += 1
-            if time.monotonic() - last_report >= 30:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)} (in {cwd})\n")
+        out.flush()
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        tail: list[str] = []
+        downloaded = built = 0
+        last_report = started
+        for line in proc.stdout:
+            out.write(line)
+            tail = [*tail[-14:], line.rstrip()]
+            if line.startswith("go: downloading"):
+                downloaded += 1
+            elif not line.startswith(("#", " ", "\t")) and "/" in line and " " not in line.strip():
+                built += 1  # `go build -v` names each package as it compiles it
+            if time.monotonic() - last_report >= HEARTBEAT_S:
                 last_report = time.monotonic()
-                progress(f"{label}: {built} packages compiled, {last_report - started:.0f}s elapsed")
-    if proc.wait() != 0:
-        raise RuntimeError(f"{label} failed ({' '.join(cmd)}):\n" + "\n".join(tail))
-    progress(f"{label}: done in {time.monotonic() - started:.0f}s")
+                progress(f"{label}: still building ({downloaded} modules downloaded, {built} packages "
+                         f"compiled, {(last_report - started) / 60:.0f} min)")
+        code = proc.wait()
+    if code != 0:
+        raise RuntimeError(f"{label}: `{' '.join(cmd[:3])} ...` failed with exit code {code}; last lines:\n"
+                           + "\n".join(tail) + f"\nfull log: {log}")
 
 
 def _kube_gomod() -> str:
@@ -134,6 +149,10 @@ def _build_module(
 ) -> None:
     if shutil.which("go") is None:
         raise RuntimeError(f"{label}: Go is required to build the control plane (https://go.dev/dl)")
+    started = time.monotonic()
+    log = build_log(label.split()[0])
+    log.unlink(missing_ok=True)
+    progress(f"building {label} from the Go module proxy (first use only; log: {log})")
     work.mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text(gomod)
     # A blank-import file keeps `go mod tidy` from pruning the requirement.
@@ -142,7 +161,7 @@ def _build_module(
         + "".join(f'\t_ "{p}"\n' for p in packages)
         + ")\n"
     )
-    _run(["go", "mod", "tidy"], work, progress, f"{label} (resolve modules)")
+    _run(["go", "mod", "tidy"], work, progress, label, log)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -150,13 +169,15 @@ def _build_module(
         ["go", "build", "-v", "-pgo=off", "-ldflags", ldflags, "-o", str(tmp) + "/", *packages],
         work,
         progress,
-        f"{label} (compile)",
+        label,
+        log,
     )
     if finish is not None:
         finish(tmp)
     # Rename last so an interrupted build never leaves a half-filled cache entry behind.
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+    progress(f"built {label} in {(time.monotonic() - started) / 60:.1f} min")
 
 
 def _ensure_kube(root: Path, progress: Progress) -> Path:
@@ -164,7 +185,8 @@ def _ensure_kube(root: Path, progress: Progress) -> Path:
     if all((out / c).exists() for c in KUBE_COMPONENTS):
         return out
     pkgs = [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMPONENTS]
-    _build_module(root / "src" / "k8sbin", _kube_gomod(), pkgs, out, _ldflags_kube(), progress, "kubernetes")
+    _build_module(root / "src" / "k8sbin", _kube_gomod(), pkgs, out, _ldflags_kube(), progress,
+                  f"kubernetes {KUBE_VERSION}")
     return out
 
 
@@ -182,7 +204,8 @@ def _ensure_etcd(root: Path, progress: Progress) -> Path:
     # A separate module: k8s.io/apiserver requires etcd server 3.6, which MVS would impose.
     gomod = f"module local.test/etcdbin\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 {ETCD_VERSION}\n"
     _build_module(
-        root / "src" / "etcdbin", gomod, ["go.etcd.io/etcd/server/v3"], out, "-s -w", progress, "etcd", rename
+        root / "src" / "etcdbin", gomod, ["go.etcd.io/etcd/server/v3"], out, "-s -w", progress,
+        f"etcd {ETCD_VERSION}", rename,
     )
     return out / "etcd"
 
@@ -202,7 +225,8 @@ def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
 
     if not (out / "kwok").exists():
         gomod = f"module local.test/kwokbin\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
-        _build_module(work, gomod, ["sigs.k8s.io/kwok/cmd/kwok"], out, "-s -w", progress, "kwok", copy_stages)
+        _build_module(work, gomod, ["sigs.k8s.io/kwok/cmd/kwok"], out, "-s -w", progress, f"kwok {KWOK_VERSION}",
+                      copy_stages)
     elif not (out / "stages").is_dir():
         copy_stages(out)
     return out / "kwok", out / "stages"
@@ -236,7 +260,7 @@ def ensure_helm(progress: Progress | None = None) -> Path:
         f" -X {pkg}/pkg/chartutil.k8sVersionMajor={major} -X {pkg}/pkg/chartutil.k8sVersionMinor={minor}"
     )
     gomod = f"module local.test/helmbin\n\ngo 1.24.0\n\nrequire {pkg} {HELM_VERSION}\n"
-    _build_module(root / "src" / "helmbin", gomod, [f"{pkg}/cmd/helm"], out, ldflags, say, "helm")
+    _build_module(root / "src" / "helmbin", gomod, [f"{pkg}/cmd/helm"], out, ldflags, say, f"helm {HELM_VERSION}")
     return out / "helm"
 
 

@@ -30,7 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--fleet", type=Path, default=None,
                     help="fleet file (YAML) describing the GPU node pools (default: the demo fleet, "
                     "see examples/fleet.yaml)")
-    sub.add_parser("down", parents=[common], help="stop every component and delete the state directory")
+    sub.add_parser("down", parents=[common], help="stop every component and the services started with it (the "
+                   "demo's simulator and operator) and delete the state directory")
     st = sub.add_parser("status", parents=[common], help="what runs, on which ports, and the nodes of each pool")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -75,6 +76,9 @@ def _status(args: argparse.Namespace) -> int:
             ports = ", ".join(f"{k}={v}" for k, v in c["ports"].items())
             state = f"running (pid {c['pid']})" if c["running"] else "stopped"
             print(f"  {name:<24} {state:<22} {ports}")
+        for name, svc in st["services"].items():
+            state = f"running (pid {svc['pid']})" if svc["running"] else "stopped"
+            print(f"  {name:<24} {state:<22} log {svc['log']}")
         if "nodes_error" in st:
             print(f"nodes: unavailable ({st['nodes_error']})")
         for pool, nodes in st["nodes"].items():

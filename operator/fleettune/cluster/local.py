@@ -4,7 +4,8 @@ etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok run as pl
 processes (no container runtime), each in its own process group, with logs and pid files
 in the state directory. Only kwok's nodes are fake: Jobs, the scheduler, the garbage
 collector and the API semantics are the real thing, so integration tests exercise exactly
-what a production cluster would do.
+what a production cluster would do. *Services* (the demo's fleet simulator and operator)
+are recorded the same way, so ``fleettune cluster down`` stops them with the control plane.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class LocalCluster:
         say(f"cluster up in {time.monotonic() - started:.1f}s: {self.server}")
 
     def down(self) -> None:
-        """Stop every component (reverse order) and delete the state directory."""
+        """Stop the services, every component (reverse order), and delete the state directory."""
+        self.stop_services()
         self.stop_components(*reversed(COMPONENTS))
         # A component whose pid file was lost would survive: look for strays by state path.
         for pid in self._stray_pids():
@@ -217,6 +219,37 @@ class LocalCluster:
     def restart_apiserver(self, *, with_etcd: bool = False, crash: bool = False) -> None:
         self.restart(*(("etcd", "kube-apiserver") if with_etcd else ("kube-apiserver",)), crash=crash)
 
+    # ----------------------------------------------------------------- services
+    def start_service(self, name: str, argv: list[str], *,
+                      env: dict[str, str] | None = None) -> tuple[processes.ProcessRecord, bool]:
+        """Start a process that belongs with this cluster (a simulator, an operator) unless
+        one by that name runs; it outlives the caller. Returns its record and whether it
+        was started now. Its output goes to ``logs/<name>.log``."""
+        if name in COMPONENTS:
+            raise ValueError(f"{name} is a control-plane component, not a service")
+        rec = processes.load(self._pids, name)
+        if rec is not None and processes.is_alive(rec):
+            return rec, False
+        rec = processes.start(name, argv, log=self.logs_dir / f"{name}.log", pid_dir=self._pids,
+                              cwd=self.state_dir, env=env)
+        return rec, True
+
+    def services(self) -> dict[str, processes.ProcessRecord]:
+        """The services recorded in the state directory, running or not."""
+        found = {}
+        for path in sorted(self._pids.glob("*.json")) if self._pids.is_dir() else []:
+            name = path.name.removesuffix(".json")
+            rec = processes.load(self._pids, name)
+            if name not in COMPONENTS and rec is not None:
+                found[name] = rec
+        return found
+
+    def stop_services(self, *names: str) -> None:
+        """Stop the given services (all of them when none is named)."""
+        for name, rec in self.services().items():
+            if not names or name in names:
+                processes.stop(rec, pid_dir=self._pids)
+
     def running(self) -> dict[str, bool]:
         out = {}
         for name in COMPONENTS:
@@ -236,11 +269,17 @@ class LocalCluster:
                 "ports": {k: state.get("ports", {}).get(k) for k in _PORTS[name]},
                 "log": str(self.logs_dir / f"{name}.log"),
             }
+        services = {}
+        for name, rec in self.services().items():
+            alive = processes.is_alive(rec)
+            services[name] = {"running": alive, "pid": rec.pid if alive else None,
+                              "log": str(self.logs_dir / f"{name}.log")}
         result: dict[str, Any] = {
             "state_dir": str(self.state_dir),
             "kubeconfig": str(self.kubeconfig) if self.kubeconfig.is_file() else None,
             "server": self.server if state.get("ports") else None,
             "components": comps,
+            "services": services,
             "nodes": {},
         }
         if comps["kube-apiserver"]["running"]:
@@ -260,6 +299,9 @@ class LocalCluster:
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
+
+    def kubectl_path(self) -> Path:
+        return self._bins(_quiet).kube("kubectl")
 
     def api_client(self) -> Any:
         """A new kubernetes.client.ApiClient for this cluster (not shared across threads)."""

@@ -50,8 +50,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from fleettune import logs
+
+    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
     import fleettune.controller.handlers  # noqa: F401  (registers the handlers)
     from fleettune import metrics
 

@@ -81,6 +81,22 @@ def infra(error: str, pool: Pool | None = None, labels: dict[str, str] | None = 
 def answer_trial(trial: Trial, pool: Pool, labels: dict[str, str], model: KernelModel,
                  *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     m = _scale_to_problem(model.measure(trial.config), trial, model.recording.problem_size)
+    return answer_measurement(trial, pool, labels, m, compile_s=compile_s)
+
+
+def invalid_configuration(outcome: Outcome, error: str, pool: Pool, labels: dict[str, str], *,
+                          compile_s: float = DEFAULT_COMPILE_S) -> Answer:
+    """A verdict of real rules (NVRTC's, CUDA's launch limits) about user source: not synthetic."""
+    assert outcome.is_invalid_configuration
+    # A launch failure happens after compiling; the others instead of running.
+    duration = compile_s + (0.05 if outcome == Outcome.LAUNCH_ERROR else 0.0)
+    return Answer(TrialResult(outcome=outcome, error=error[:1000],
+                              fingerprint=fingerprint(pool, labels, synthetic=False),
+                              compile_s=round(compile_s, 3)), duration_s=duration)
+
+
+def answer_measurement(trial: Trial, pool: Pool, labels: dict[str, str], m: Measurement,
+                       *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     fp = fingerprint(pool, labels, synthetic=m.synthetic)
     if m.failure is not None:
         outcome = FAILURE_OUTCOMES[m.failure]

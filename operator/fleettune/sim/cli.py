@@ -19,8 +19,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="fleettune simulate",
         description="Watch trial Pods (app.kubernetes.io/managed-by=fleettune) bound to KWOK fake "
         "nodes and complete each with the result its pool's GPU recorded (or a synthetic model's, "
-        "marked synthetic), through the same termination-message protocol as the real job. "
-        "Pods on real nodes are never touched.",
+        "marked synthetic), through the same termination-message protocol as the real job. User CUDA "
+        "source is compiled for real with NVRTC (compile errors are the compiler's) and timed by a "
+        "synthetic model. A Pod whose node is deleted is never answered. Pods on real nodes are never touched.",
     )
     p.add_argument("--kubeconfig", type=Path, default=None,
                    help="default: $KUBECONFIG, else the local cluster's (see --state-dir)")
@@ -37,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s")
+    from fleettune import logs
+
+    logs.setup(logging.INFO if args.verbose else logging.WARNING)
     from fleettune.sim.simulator import FleetSimulator
 
     cluster = LocalCluster(args.state_dir)

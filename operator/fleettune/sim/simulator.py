@@ -9,6 +9,16 @@ container exited: ``state.terminated`` with the result as ``message`` and its ex
 phase Succeeded or Failed. The Job controller and the operator then see exactly what they
 would see on a real GPU node. Pods on real nodes are never touched.
 
+User-source trials are compiled for real with NVRTC (the source comes from the ConfigMap
+the Pod mounts), so compile errors are the compiler's own; their times come from a
+synthetic model (``fleettune.sim.usersource``).
+
+A node that is deleted takes its Pods' answers with it: a Pod whose node is gone (or was
+replaced by a new node of the same name) when its answer is due is never completed, just
+as a dead machine's kubelet never reports. The control plane then does what it does with
+such a Pod: the pod garbage collector marks it Failed with a ``DisruptionTarget``
+condition and deletes it, and the Job replaces it.
+
 kwok must not load its ``pod-complete`` stage (it would complete the Pod first, with exit 0
 and no message); ``fleettune cluster up`` does not load it.
 
@@ -28,6 +38,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,9 +48,28 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from fleettune.cluster.fleet import KWOK_ANNOTATION, POOL_LABEL, Fleet, Pool
-from fleettune.sim.answer import DEFAULT_COMPILE_S, Answer, answer_trial, infra
+from fleettune.sim.answer import (
+    DEFAULT_COMPILE_S,
+    Answer,
+    answer_measurement,
+    answer_trial,
+    fingerprint,
+    infra,
+    invalid_configuration,
+)
 from fleettune.sim.rawwatch import WatchExpired, raw_list, raw_watch
 from fleettune.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
+from fleettune.sim.usersource import (
+    Compiler,
+    ConfigMapReader,
+    SourceUnavailable,
+    compile_options,
+    config_map_data,
+    launch_geometry,
+    launch_refused,
+    source_location,
+    synthetic_measurement,
+)
 from fleettune_job.protocol import CONTAINER_NAME, TRIAL_ENV, Outcome, Trial
 
 log = logging.getLogger("fleettune.sim")
@@ -55,6 +85,7 @@ class _Due:
     name: str
     uid: str
     node: str
+    node_uid: str
     answer: Answer
     trial: tuple[str, str, str, int]
     containers: list[tuple[str, str]]  # (name, image)
@@ -66,15 +97,21 @@ def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _trial_env(pod: dict[str, Any]) -> str | None:
+def _trial_container(pod: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The container carrying the trial, and the trial's text."""
     containers = list((pod.get("spec") or {}).get("containers") or [])
     # The job's container is named `trial`; fall back to any container carrying the env.
     containers.sort(key=lambda c: c.get("name") != CONTAINER_NAME)
     for c in containers:
         for env in c.get("env") or []:
             if env.get("name") == TRIAL_ENV:
-                return env.get("value")
+                return c, env.get("value") or ""
     return None
+
+
+def _trial_env(pod: dict[str, Any]) -> str | None:
+    found = _trial_container(pod)
+    return found[1] if found else None
 
 
 def _started_at(pod: dict[str, Any]) -> dict[str, str]:
@@ -104,7 +141,9 @@ class FleetSimulator:
     synthetic models' noise. Counters: ``answered`` (one ``(namespace, run, target, index)``
     per completed Pod, in completion order; ``("ns", "", "", -1)`` for a Pod without a
     readable trial), ``outcomes`` (count per outcome), ``ignored`` (Pods on real nodes),
-    ``errors`` (API failures, most recent last).
+    ``lost`` (Pods left unanswered because their node was deleted), ``errors`` (API
+    failures, most recent last). ``compiler`` compiles user source (its ``compiles``
+    counts NVRTC runs).
     """
 
     def __init__(self, kubeconfig: Path | str, fleet: Fleet, time_scale: float = 1.0, seed: int = 0, *,
@@ -121,7 +160,9 @@ class FleetSimulator:
         self.answered: list[tuple[str, str, str, int]] = []
         self.outcomes: Counter[str] = Counter()
         self.ignored = 0
+        self.lost = 0
         self.errors: list[str] = []
+        self.compiler = Compiler()
         self.workers = max(1, workers)
         self._seen: set[str] = set()
         self._starting: set[str] = set()  # Pods whose node is being read
@@ -135,6 +176,8 @@ class FleetSimulator:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._models: dict[tuple[str, str], KernelModel] = {}
+        # Node name -> uid, per the node watch; None until its first list.
+        self._nodes: dict[str, str] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> FleetSimulator:
@@ -143,6 +186,7 @@ class FleetSimulator:
         self._stop.clear()
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fleettune-sim-api")
         self._threads = [
+            threading.Thread(target=self._node_loop, name="fleettune-sim-nodes", daemon=True),
             threading.Thread(target=self._watch_loop, name="fleettune-sim-watch", daemon=True),
             threading.Thread(target=self._complete_loop, name="fleettune-sim-complete", daemon=True),
         ]
@@ -244,6 +288,56 @@ class FleetSimulator:
                 self._record_error(f"watching pods: {type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
+    def _node_loop(self) -> None:
+        """Keep the names and uids of the nodes that exist (to tell a lost node's Pods)."""
+        core = self._api()
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    nodes, rv = raw_list(core.list_node, _request_timeout=30)
+                    current = {n["metadata"]["name"]: n["metadata"]["uid"] for n in nodes}
+                    with self._cv:
+                        self._nodes = current
+                for kind, node in raw_watch(core.list_node, resource_version=rv, timeout_seconds=1,
+                                            allow_watch_bookmarks=True, _request_timeout=30):
+                    meta = node["metadata"]
+                    rv = meta["resourceVersion"]
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        with self._cv:
+                            nodes = self._nodes if self._nodes is not None else {}
+                            if kind != "DELETED":
+                                nodes[meta["name"]] = meta["uid"]
+                            elif nodes.get(meta["name"]) == meta["uid"]:
+                                del nodes[meta["name"]]
+                            self._nodes = nodes
+                    if self._stop.is_set():
+                        break
+            except WatchExpired:
+                rv = None
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv = None
+                    continue
+                self._record_error(f"watching nodes: HTTP {exc.status} {exc.reason}")
+                self._stop.wait(1.0)
+            except Exception as exc:
+                self._record_error(f"watching nodes: {type(exc).__name__}: {exc}")
+                self._stop.wait(1.0)
+
+    def _node_lost(self, core: Any, due: _Due) -> bool:
+        """Whether the node the Pod ran on is gone (deleted, or replaced under its name)."""
+        with self._cv:
+            if self._nodes is not None and self._nodes.get(due.node) == due.node_uid:
+                return False
+        try:  # gone, or the watch is behind (not listed yet, a node just created): ask
+            node = json.loads(core.read_node(due.node, _request_timeout=10, _preload_content=False).data)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return node["metadata"]["uid"] != due.node_uid
+
     def _consider(self, kind: str, pod: dict[str, Any]) -> None:
         """A Pod event: note whether it is still running, and schedule the answer of a Pod
         newly Running on the worker pool (the watch thread must not wait on the API)."""
@@ -279,6 +373,7 @@ class FleetSimulator:
         uid = meta["uid"]
         if uid in self._seen:
             return
+        began = time.monotonic()  # the trial runs while the simulator reads and compiles
         try:
             # Raw: only the annotations and labels are needed, not the client's models.
             resp = core.read_node(node_name, _request_timeout=10, _preload_content=False)
@@ -294,17 +389,21 @@ class FleetSimulator:
             with self._cv:
                 if uid not in self._seen:
                     self._seen.add(uid)
-                    self.ignored += 1
+                    if node is None:
+                        self.lost += 1
+                    else:
+                        self.ignored += 1
             return
         labels = dict(node_meta.get("labels") or {})
+        namespace = meta.get("namespace", "")
         try:
-            with self._answering:  # the models (and their noise generators) are not shared between threads
-                answer = self.answer(pod, labels)
+            answer = self.answer(pod, labels, config_maps=lambda name: self._read_config_map(core, namespace, name))
         except Exception as exc:  # a bug or an unreadable recording: fail this trial, not the loop
             self._record_error(f"answering {meta.get('namespace')}/{meta.get('name')}: {exc!r}")
             answer = infra(f"internal error: {exc!r}")
-        due = _Due(at=time.monotonic() + answer.duration_s * self.time_scale, seq=next(self._seq),
-                   namespace=meta["namespace"], name=meta["name"], uid=uid, node=node_name, answer=answer,
+        due = _Due(at=began + answer.duration_s * self.time_scale, seq=next(self._seq),
+                   namespace=meta["namespace"], name=meta["name"], uid=uid, node=node_name,
+                   node_uid=node_meta.get("uid", ""), answer=answer,
                    trial=_trial_id(pod), started=_started_at(pod),
                    containers=[(c["name"], c.get("image", "")) for c in pod["spec"]["containers"]])
         with self._cv:
@@ -314,8 +413,20 @@ class FleetSimulator:
             heapq.heappush(self._heap, due)
             self._cv.notify_all()
 
-    def answer(self, pod: dict[str, Any], node_labels: dict[str, str]) -> Answer:
-        """The result for a Pod on a node with these labels (no API calls)."""
+    @staticmethod
+    def _read_config_map(core: Any, namespace: str, name: str) -> Mapping[str, str] | None:
+        try:
+            resp = core.read_namespaced_config_map(name, namespace, _request_timeout=10, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise RuntimeError(f"HTTP {exc.status} {exc.reason}") from None
+        return config_map_data(json.loads(resp.data))
+
+    def answer(self, pod: dict[str, Any], node_labels: dict[str, str],
+               config_maps: ConfigMapReader | None = None) -> Answer:
+        """The result for a Pod on a node with these labels. ``config_maps`` reads the
+        ConfigMaps of the Pod's namespace (user source); it is the only API access."""
         pool_name = node_labels.get(POOL_LABEL)
         try:
             pool = self.fleet.pool(pool_name or "")
@@ -328,14 +439,61 @@ class FleetSimulator:
             trial = Trial.from_env(text)
         except ValueError as exc:
             return infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}", pool, node_labels)
+        if trial.kernel.source_path:
+            return self._answer_source(pod, trial, pool, node_labels, config_maps)
         kernel = trial.kernel.builtin
         if kernel is None:
-            return infra("user kernel source cannot be simulated (only built-in kernels)", pool, node_labels)
-        model = self.model(pool, kernel)
-        if model is None:
-            return infra(f"pool {pool.name} has no recording or synthetic model for kernel {kernel!r}",
-                         pool, node_labels)
-        return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
+            return infra("the trial names neither a built-in kernel nor a source_path", pool, node_labels)
+        with self._answering:  # the models (and their noise generators) are not shared between threads
+            model = self.model(pool, kernel)
+            if model is None:
+                return infra(f"pool {pool.name} has no recording or synthetic model for kernel {kernel!r}",
+                             pool, node_labels)
+            return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
+
+    def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: Pool, labels: dict[str, str],
+                       config_maps: ConfigMapReader | None) -> Answer:
+        """User source: read from the Pod's ConfigMap volume, compiled with NVRTC for the
+        node's compute capability, timed by the synthetic model when it compiles."""
+        path = trial.kernel.source_path or ""
+        found = _trial_container(pod)
+        assert found is not None  # the trial was read from it
+        try:
+            cm_name, key = source_location(found[0], list((pod.get("spec") or {}).get("volumes") or []), path)
+        except SourceUnavailable as exc:
+            return infra(f"cannot read kernel source {path}: {exc}", pool, labels)
+        if config_maps is None:
+            return infra(f"cannot read kernel source {path}: no API access to ConfigMap {cm_name}", pool, labels)
+        try:
+            data = config_maps(cm_name)
+        except Exception as exc:
+            return infra(f"cannot read kernel source {path}: reading ConfigMap {cm_name}: {exc}", pool, labels)
+        if data is None:
+            return infra(f"cannot read kernel source {path}: ConfigMap {cm_name} not found", pool, labels)
+        if key not in data:
+            return infra(f"cannot read kernel source {path}: ConfigMap {cm_name} has no key {key!r}", pool, labels)
+        if not self.compiler.available():
+            return infra("libnvrtc not found: the simulator compiles user kernel source with NVRTC "
+                         "(pip install nvidia-cuda-nvrtc-cu12, or set FLEETTUNE_NVRTC to libnvrtc.so)", pool, labels)
+        source = data[key]
+        # In the job's order: geometry and defines, the compile, the launch.
+        try:
+            geometry = launch_geometry(trial)
+        except ValueError as exc:
+            return invalid_configuration(Outcome.LAUNCH_ERROR, f"launch geometry: {exc}", pool, labels, compile_s=0)
+        try:
+            options = compile_options(trial)
+        except ValueError as exc:
+            return invalid_configuration(Outcome.COMPILE_ERROR, str(exc), pool, labels, compile_s=0)
+        device = fingerprint(pool, labels, synthetic=True)
+        verdict = self.compiler.check(source, options, trial.kernel.function or "", device.compute_capability)
+        if verdict is not None:
+            return invalid_configuration(Outcome.COMPILE_ERROR, verdict, pool, labels, compile_s=self.compile_s)
+        refused = launch_refused(*geometry) if geometry else None
+        if refused is not None:
+            return invalid_configuration(Outcome.LAUNCH_ERROR, refused, pool, labels, compile_s=self.compile_s)
+        m = synthetic_measurement(source, trial, f"{device.product}/{device.compute_capability}", self.seed)
+        return answer_measurement(trial, pool, labels, m, compile_s=self.compile_s)
 
     def model(self, pool: Pool, kernel: str) -> KernelModel | None:
         key = (pool.name, kernel)
@@ -382,6 +540,15 @@ class FleetSimulator:
         with self._cv:
             if due.uid not in self._running:
                 return  # deleted, being deleted, or ended meanwhile (run cancelled, Job deleted)
+        if self._node_lost(core, due):
+            # A lost machine's kubelet reports nothing: the Pod stays Running until the pod
+            # garbage collector fails and deletes it (and the Job replaces it).
+            with self._cv:
+                self.lost += 1
+                self._running.discard(due.uid)
+                self._cv.notify_all()
+            log.info("%s/%s on %s: node gone, no result", due.namespace, due.name, due.node)
+            return
         result = due.answer.result
         code = result.exit_code
         now = _now_rfc3339()

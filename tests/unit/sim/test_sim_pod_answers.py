@@ -49,7 +49,7 @@ def test_unanswerable_pods_get_infra_errors_that_say_why():
         "no FLEETTUNE_TRIAL": sim.answer(_pod(None), labels),
         "invalid FLEETTUNE_TRIAL": sim.answer(_pod("{"), labels),
         "no pool of the fleet": sim.answer(_pod(_trial()), {"fleettune.dev/pool": "h100"}),
-        "user kernel source": sim.answer(_pod(_trial(kernel={"source_path": "/k.cu"})), labels),
+        "neither a built-in kernel nor a source_path": sim.answer(_pod(_trial(kernel={"function": "f"})), labels),
         "no recording or synthetic model for kernel 'gemm'": sim.answer(
             _pod(_trial(kernel={"builtin": "gemm"})), labels),
     }

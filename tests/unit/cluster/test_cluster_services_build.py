@@ -1,0 +1,49 @@
+"""Services kept with the local cluster, and the build's output (no control plane needed)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from fleettune.cluster import LocalCluster, binaries, processes
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")
+
+
+def test_services_outlive_their_starter_and_cluster_down_stops_them(tmp_path):
+    cluster = LocalCluster(tmp_path / "state")
+    cluster.state_dir.mkdir()
+    rec, started = cluster.start_service("simulator", ["sh", "-c", "echo answering; sleep 60"])
+    assert started and processes.is_alive(rec)
+    again, started = cluster.start_service("simulator", ["sleep", "60"])
+    assert again == rec and not started, "a running service is not started twice"
+    op, _ = cluster.start_service("operator", ["sleep", "60"])
+    assert set(cluster.services()) == {"simulator", "operator"}
+    st = cluster.status()
+    assert st["services"]["operator"] == {"running": True, "pid": op.pid, "log": str(cluster.logs_dir / "operator.log")}
+    assert all(not c["running"] for c in st["components"].values())
+    with pytest.raises(ValueError, match="component"):
+        cluster.start_service("etcd", ["sleep", "1"])
+    cluster.down()
+    assert not processes.is_alive(rec) and not processes.is_alive(op)
+    assert not cluster.state_dir.exists()
+
+
+def test_the_build_says_little_and_logs_everything(tmp_path, monkeypatch):
+    monkeypatch.setattr(binaries, "_go_env", lambda: dict(os.environ))
+    said: list[str] = []
+    log = tmp_path / "build.log"
+    script = "print('go: downloading k8s.io/api v0.34.10'); print('k8s.io/api/core/v1')"
+    binaries._run([sys.executable, "-c", script], tmp_path, said.append, "kubernetes", log)
+    assert said == []
+    assert "go: downloading k8s.io/api v0.34.10" in log.read_text()
+    monkeypatch.setattr(binaries, "HEARTBEAT_S", 0.0)
+    binaries._run([sys.executable, "-c", script], tmp_path, said.append, "kubernetes", log)
+    assert said[-1].startswith("kubernetes: still building (1 modules downloaded, 1 packages compiled")
+    with pytest.raises(RuntimeError) as failed:
+        binaries._run([sys.executable, "-c", "print('go: k8s.io/x: 404 Not Found'); raise SystemExit(1)"],
+                      tmp_path, said.append, "kubernetes", log)
+    text = str(failed.value)
+    assert "exit code 1" in text and "404 Not Found" in text and text.endswith(f"full log: {log}")

@@ -1,0 +1,41 @@
+"""What `fleettune demo` prints (no cluster)."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from fleettune.demo import _summary, _table
+
+CONFIG = {f"parameter_number_{i}": i * 16 for i in range(12)}
+RUN = {
+    "metadata": {"name": "convolution-fleet"},
+    "status": {"phase": "Succeeded", "targets": [
+        {"name": "jetson-orin", "device": "Jetson AGX Orin", "phase": "Succeeded", "completed": 40, "budget": 40,
+         "fingerprint": {"synthetic": True, "simulated": True}, "best": {"objectiveMs": 3.56, "config": CONFIG},
+         "defaultMs": 7.1, "speedup": 2.0},
+        {"name": "a100", "device": "NVIDIA A100-PCIE-40GB", "phase": "Succeeded", "completed": 40, "budget": 40,
+         "fingerprint": {"simulated": True}, "best": {"objectiveMs": 0.887, "config": CONFIG}},
+    ]},
+}
+
+
+def _console(width: int) -> Console:
+    return Console(record=True, width=width, color_system=None, force_terminal=False)
+
+
+def test_the_live_table_keeps_the_synthetic_marker():
+    console = _console(160)
+    console.print(_table(RUN, 12.0))
+    text = console.export_text()
+    assert "Jetson AGX Orin [synthetic]" in text
+    assert "NVIDIA A100-PCIE-40GB [synthetic]" not in text
+
+
+def test_the_summary_never_wraps_a_configuration():
+    console = _console(80)
+    _summary(console, RUN)
+    text = console.export_text()
+    assert json.dumps(CONFIG, separators=(",", ":")) in text.splitlines()[3].strip()
+    assert "SYNTHETIC numbers" in text
