@@ -1,4 +1,4 @@
-"""Benchmark commands: `fleettune bench space|strategy|warmstart|load ...` (they print tables)."""
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory ...` (they print tables)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "strategy": "fleettune.bench.strategy",
     "warmstart": "fleettune.bench.warmstart",
     "load": "fleettune.bench.load",
+    "memory": "fleettune.bench.memory",
 }
 
 

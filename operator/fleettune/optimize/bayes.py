@@ -29,7 +29,7 @@ import torch
 from .acquisition import Believers, log_ei
 from .design import feature_weights, maximin
 from .feasibility import FeasibilityModel, fit_feasibility
-from .gp import Hyper, Posterior, fit_hyper, matern52
+from .gp import PREDICT_CHUNK, Hyper, Posterior, fit_hyper, matern52
 from .problem import Candidates, History
 from .strategy import Strategy
 
@@ -87,11 +87,17 @@ class BayesOpt(Strategy):
         super().__init__(candidates, seed, {**DEFAULTS, **(options or {})})
         self._fits: dict[tuple[int, int], tuple[Hyper | None, Hyper | None]] = {}
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
-        self._xc = torch.as_tensor(candidates.x)
-        self._xfc = torch.as_tensor(candidates.xf)
         self._prior: tuple[int, Posterior, float, float] | None = None
         self._prior_cand: torch.Tensor | None = None
         self._paths: tuple[np.ndarray, np.ndarray] | None = None  # code-path keys, path of each candidate
+
+    def _features(self, idx: np.ndarray, feas: bool = False) -> torch.Tensor:
+        """Model inputs of candidates ``idx`` (all of them when it has their number: the
+        scored pool is then every candidate, in order)."""
+        src = self.candidates.xf if feas else self.candidates.x
+        if len(idx) == len(src):
+            return torch.as_tensor(np.asarray(src))  # shares a materialised matrix's memory
+        return torch.from_numpy(np.asarray(src[idx]))
 
     # -- model ------------------------------------------------------------------------
 
@@ -142,7 +148,10 @@ class BayesOpt(Strategy):
             x = history.x[rows]
             return gp.predict(torch.as_tensor(x), fast=False)[0].numpy()
         if self._prior_cand is None:
-            self._prior_cand = gp.predict(self._xc)[0]
+            # Chunk by chunk (the chunks `predict` would make): no (N, f) matrix of all candidates.
+            n, step = len(self.candidates), PREDICT_CHUNK
+            parts = [gp.predict(self._features(np.arange(s, min(n, s + step))))[0] for s in range(0, n, step)]
+            self._prior_cand = torch.cat(parts)
         return self._prior_cand if idx is None else self._prior_cand[torch.as_tensor(idx)]
 
     def _residual_targets(self, history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -286,7 +295,7 @@ class BayesOpt(Strategy):
             return np.zeros(0, dtype=np.int64)
         if self._paths is None:
             keys, path = np.unique(self.candidates.rows[:, cols], axis=0, return_inverse=True)
-            self._paths = (keys, path.reshape(-1))
+            self._paths = (keys, path.reshape(-1).astype(np.int32))
         keys, path = self._paths
         mean = self._prior_mean(history).numpy().copy()
         mean[history.cand[(history.task == 0) & ~history.feasible & (history.cand >= 0)]] = np.inf
@@ -367,8 +376,7 @@ class BayesOpt(Strategy):
         power = self.options["feas_power"]
 
         def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
-            full = self._xfc if feas else self._xc
-            x = full if len(idx) == len(full) else full[torch.as_tensor(idx)]
+            x = self._features(idx, feas)
             if with_task and (feas or not residual):
                 x = torch.cat([x, torch.ones(len(idx), 1, dtype=x.dtype)], dim=1)
             return x

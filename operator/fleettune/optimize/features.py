@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from fleettune.space.encode import permutation_table
+
 LOG_RATIO = 4.0  # max/min above which a positive linear parameter also counts on a log scale
 WARP = 32  # sizes that reach a warp get a divisibility column (see `alignment`)
 
@@ -67,50 +69,77 @@ def switches(space: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
+class FeatureMap:
+    """Model features as per-parameter lookup tables: every feature column is a function
+    of one parameter's value, so the features of any rows are ``table[rows[:, j]]`` per
+    parameter, built exactly (same float64 values) for just the rows asked for.
+
+    A study of 10^6 candidates needs features for the tens of thousands it scores per
+    suggestion, not a (10^6, f) matrix per model (two float64 ones were 370 MiB per
+    study of the 1.9 million-configuration space of `fleettune bench memory`).
+    """
+
+    def __init__(self, space: Any) -> None:
+        params = getattr(space, "parameters", None)
+        if not params:
+            raise ValueError("features from tables need a space with parameters")
+        self.objective: list[tuple[int, np.ndarray]] = []  # (parameter, (k, w) table)
+        self.feasibility: list[tuple[int, np.ndarray]] = []
+        self.groups: list[tuple[str, slice]] = []
+        width = 0
+        for kind in ("numeric", "categorical"):
+            for j, p in enumerate(params):
+                if p.kind != kind:
+                    continue
+                if kind == "numeric":
+                    vals = np.asarray(p.values, dtype=np.float64)
+                    col = _normalise(np.log(vals) if p.scale == "log" else vals)
+                    self.objective.append((j, col.reshape(-1, 1)))
+                    sizes = vals.min() > 0 and vals.max() / vals.min() >= LOG_RATIO
+                    self.feasibility.append((j, (_normalise(np.log(vals)) if sizes else col).reshape(-1, 1)))
+                    self.groups.append(("numeric", slice(width, width + 1)))
+                    width += 1
+                    aligned = alignment(vals)
+                    if aligned is not None:
+                        self.objective.append((j, aligned.reshape(-1, 1)))
+                        self.groups.append(("numeric", slice(width, width + 1)))
+                        width += 1
+                else:
+                    k = len(p.values)
+                    onehot = np.zeros((max(k, 1), max(k, 1)))
+                    onehot[np.arange(k), np.arange(k)] = 1.0 / np.sqrt(2.0)
+                    self.objective.append((j, onehot))
+                    self.feasibility.append((j, onehot))
+                    self.groups.append(("categorical", slice(width, width + onehot.shape[1])))
+                    width += onehot.shape[1]
+        for j, p in enumerate(params):
+            if p.kind == "permutation":  # the space's own encoding: rank vectors (see space/encode.py)
+                table = permutation_table(p)
+                self.objective.append((j, table))
+                self.feasibility.append((j, table))
+                self.groups.append(("permutation", slice(width, width + table.shape[1])))
+                width += table.shape[1]
+        self.width = width
+        self.feasibility_width = sum(t.shape[1] for _, t in self.feasibility)
+
+    def __call__(self, rows: np.ndarray, feas: bool = False) -> np.ndarray:
+        """(len(rows), width) float64 features of index rows (feasibility-model inputs with ``feas``)."""
+        rows = np.asarray(rows)
+        tables = self.feasibility if feas else self.objective
+        out = np.empty((len(rows), self.feasibility_width if feas else self.width), dtype=np.float64)
+        col = 0
+        for j, table in tables:
+            w = table.shape[1]
+            out[:, col : col + w] = table[rows[:, j]]
+            col += w
+        return out
+
+
 def model_features(space: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[str, slice]]]:
     """(objective features, feasibility features, feature groups of the first)."""
     rows = np.asarray(rows)
-    encoded = np.asarray(space.encode(rows), dtype=np.float64)
-    params = getattr(space, "parameters", None)
-    groups = list(getattr(space, "feature_groups", []))
-    if params is None:
-        return encoded, encoded, groups
-    obj_cols: list[np.ndarray] = []
-    feas_cols: list[np.ndarray] = []
-    out_groups: list[tuple[str, slice]] = []
-    width = 0
-    for kind in ("numeric", "categorical"):
-        for j, p in enumerate(params):
-            if p.kind != kind:
-                continue
-            if kind == "numeric":
-                vals = np.asarray(p.values, dtype=np.float64)
-                scaled = np.log(vals) if p.scale == "log" else vals
-                col = _normalise(scaled)[rows[:, j]].reshape(-1, 1)
-                obj_cols.append(col)
-                sizes = vals.min() > 0 and vals.max() / vals.min() >= LOG_RATIO
-                feas_cols.append(_normalise(np.log(vals))[rows[:, j]].reshape(-1, 1) if sizes else col)
-                out_groups.append(("numeric", slice(width, width + 1)))
-                width += 1
-                aligned = alignment(vals)
-                if aligned is not None:
-                    obj_cols.append(aligned[rows[:, j]].reshape(-1, 1))
-                    out_groups.append(("numeric", slice(width, width + 1)))
-                    width += 1
-            else:
-                k = len(p.values)
-                onehot = np.zeros((len(rows), max(k, 1)))
-                onehot[np.arange(len(rows)), rows[:, j]] = 1.0 / np.sqrt(2.0)
-                obj_cols.append(onehot)
-                feas_cols.append(onehot)
-                out_groups.append(("categorical", slice(width, width + onehot.shape[1])))
-                width += onehot.shape[1]
-    for kind, cols in groups:
-        if kind == "permutation":
-            obj_cols.append(encoded[:, cols])
-            feas_cols.append(encoded[:, cols])
-            out_groups.append(("permutation", slice(width, width + cols.stop - cols.start)))
-            width += cols.stop - cols.start
-    if not obj_cols:
-        return encoded, encoded, groups
-    return np.hstack(obj_cols), np.hstack(feas_cols), out_groups
+    if not getattr(space, "parameters", None):
+        encoded = np.asarray(space.encode(rows), dtype=np.float64)
+        return encoded, encoded, list(getattr(space, "feature_groups", []))
+    fmap = FeatureMap(space)
+    return fmap(rows), fmap(rows, feas=True), list(fmap.groups)

@@ -18,6 +18,7 @@ import torch
 SQRT5 = math.sqrt(5.0)
 MIN_LENGTHSCALE = 0.025  # as BoTorch's dim-scaled prior: below this, 0/1 features look independent
 MIN_NOISE = 1e-6
+PREDICT_CHUNK = 16384  # candidates per block in `Posterior.predict`
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ class Posterior:
             return matern52(xc32, self.x32, self.ls).mul_(self.s2)
         return matern52(xc.to(torch.float64) - self.center, self.x, self.ls).mul_(self.s2)
 
-    def predict(self, xc: np.ndarray | torch.Tensor, *, chunk: int = 16384, fast: bool = True):
+    def predict(self, xc: np.ndarray | torch.Tensor, *, chunk: int = PREDICT_CHUNK, fast: bool = True):
         """Posterior mean and variance (latent, without noise) at the rows of ``xc``.
 
         ``fast``: the cross-covariances and the quadratic form in float32 (the two

@@ -2,33 +2,116 @@
 
 Everything here is plain numpy, indexed by candidate number, so that strategies can be
 tested without a search-space object and replayed without a cluster.
+
+Memory: a study may hold up to 2 million candidates (see ``study.MAX_ENUMERATED``). Their
+index rows are kept in the narrowest unsigned type that holds them (one byte per parameter
+for up to 256 values), their features are computed from the rows when asked for (see
+`LazyFeatures`) unless the matrix is small, and the lookup keys' order is int32 (or none
+at all when the rows come sorted).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from fleettune_job.protocol import Outcome
 
+# Feature matrices up to this size are built once and kept: scoring every candidate of a
+# small space (up to `max_pool`) reads them whole at each suggestion. Larger candidate sets
+# are only ever scored in subsets, whose features are computed when asked for.
+MATERIALISE_BYTES = 16 << 20
+
+
+class FeatureFunction(Protocol):
+    """Features of index rows (see `features.FeatureMap`)."""
+
+    width: int
+    feasibility_width: int
+
+    def __call__(self, rows: np.ndarray, feas: bool = False) -> np.ndarray: ...
+
+
+class LazyFeatures:
+    """A read-only (N, f) float64 feature matrix that is not stored: indexing it (``x[i]``,
+    ``x[idx]``, ``x[a:b]``, ``x[idx, cols]``) computes the features of those rows, exactly
+    the values the materialised matrix would hold."""
+
+    ndim = 2
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, rows: np.ndarray, compute: Callable[[np.ndarray], np.ndarray], width: int) -> None:
+        self._rows = rows
+        self._compute = compute
+        self.shape = (int(rows.shape[0]), int(width))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """What the materialised matrix would take (nothing is stored)."""
+        return self.shape[0] * self.shape[1] * self.dtype.itemsize
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, tuple):
+            sub = self[key[0]]
+            return sub[key[1:]] if sub.ndim == 1 else sub[(slice(None), *key[1:])]
+        if isinstance(key, (int, np.integer)):
+            return self._compute(self._rows[[int(key)]])[0]
+        return self._compute(self._rows[key].reshape(-1, self._rows.shape[1]))
+
+    def materialise(self) -> np.ndarray:
+        return self._compute(self._rows)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.materialise()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def index_dtype(rows: np.ndarray) -> np.dtype:
+    """The narrowest type for index rows: uint8 up to 256 values per parameter, uint16 up to
+    65 536, int32 beyond (or if a row holds a negative index)."""
+    if rows.size == 0 or int(rows.min()) < 0:
+        return np.dtype(np.int32)
+    top = int(rows.max())
+    return np.dtype(np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.int32)
+
 
 @dataclass
 class Candidates:
-    """The finite set a study chooses from: index rows and their feature encoding."""
+    """The finite set a study chooses from: index rows and their feature encoding.
 
-    rows: np.ndarray  # (N, d) int32 value indices
-    x: np.ndarray  # (N, f) encoding in [0, 1]
+    ``x``/``xf`` are arrays, or None with ``features`` given: then they are computed from
+    the rows (kept as arrays up to ``MATERIALISE_BYTES``, `LazyFeatures` beyond). ``rows``
+    are stored in the narrowest type that holds them (`index_dtype`); read-only, so that
+    studies of the same space can share one ``Candidates``.
+    """
+
+    rows: np.ndarray  # (N, d) value indices
+    x: np.ndarray | LazyFeatures | None = None  # (N, f) encoding in [0, 1]
     feature_groups: list[tuple[str, slice]] = field(default_factory=list)
-    xf: np.ndarray | None = None  # (N, f') inputs of the feasibility model; default: x
+    xf: np.ndarray | LazyFeatures | None = None  # (N, f') inputs of the feasibility model; default: x
     switches: tuple[int, ...] = ()  # row columns that choose a code path (features.switches)
+    features: FeatureFunction | None = field(default=None, repr=False)
     _keys: np.ndarray | None = field(default=None, repr=False)
     _order: np.ndarray | None = field(default=None, repr=False)
     _radix: np.ndarray | None = field(default=None, repr=False)
-    _dict: dict[bytes, int] | None = field(default=None, repr=False)
+    _bytes: np.dtype | None = field(default=None, repr=False)  # set when the keys are the rows' bytes
 
     def __post_init__(self) -> None:
-        self.rows = np.ascontiguousarray(self.rows, dtype=np.int32)
+        rows = np.asarray(self.rows)
+        self.rows = np.ascontiguousarray(rows, dtype=index_dtype(rows)).view()
+        self.rows.flags.writeable = False  # (on this view only: the caller's array stays as it was)
+        if self.x is None:
+            if self.features is None:
+                raise ValueError("candidates need an encoding: x, or features to compute it from")
+            self.x = self._features(feas=False)
+            if self.xf is None:
+                self.xf = self._features(feas=True)
         if self.rows.ndim != 2 or self.x.shape[0] != self.rows.shape[0]:
             raise ValueError("candidate rows and encoding must have the same number of rows")
         if len(self.rows) == 0:
@@ -36,15 +119,25 @@ class Candidates:
         if self.xf is None:
             self.xf = self.x
         radix = (self.rows.max(axis=0).astype(np.int64) + 1) if len(self.rows) else np.ones(0, np.int64)
-        # Mixed-radix integer keys make lookup a vectorised binary search; spaces whose
-        # unrestricted product overflows int64 fall back to a dictionary.
-        if float(np.prod(radix.astype(float))) < 2.0**62:
-            self._radix = radix
-            keys = self._encode_keys(self.rows)
-            self._order = np.argsort(keys, kind="stable")
-            self._keys = keys[self._order]
+        # Mixed-radix integer keys make lookup a vectorised binary search; in spaces whose
+        # unrestricted product overflows int64, each row's bytes are its key.
+        self._radix = radix
+        if float(np.prod(radix.astype(float))) >= 2.0**62:
+            self._bytes = np.dtype((np.void, self.rows.shape[1] * self.rows.itemsize))
+        keys = self._encode_keys(self.rows)
+        if self._bytes is None and len(keys) > 1 and bool((keys[1:] > keys[:-1]).all()):
+            self._keys = keys  # already in order: no permutation to keep
         else:
-            self._dict = {r.tobytes(): i for i, r in enumerate(self.rows)}
+            order = np.argsort(keys, kind="stable")
+            self._keys = keys[order]
+            self._order = order.astype(np.int32) if len(order) < 2**31 else order
+
+    def _features(self, feas: bool) -> np.ndarray | LazyFeatures:
+        assert self.features is not None
+        fn = self.features
+        width = fn.feasibility_width if feas else fn.width
+        lazy = LazyFeatures(self.rows, lambda rows: fn(rows, feas=feas), width)
+        return lazy.materialise() if lazy.nbytes <= MATERIALISE_BYTES else lazy
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -55,6 +148,8 @@ class Candidates:
 
     def _encode_keys(self, rows: np.ndarray) -> np.ndarray:
         assert self._radix is not None
+        if self._bytes is not None:  # (rows within the radix: they fit the stored type)
+            return np.ascontiguousarray(rows, dtype=self.rows.dtype).view(self._bytes).reshape(-1)
         keys = np.zeros(len(rows), dtype=np.int64)
         for j, r in enumerate(self._radix):
             keys = keys * r + rows[:, j].astype(np.int64)
@@ -63,16 +158,14 @@ class Candidates:
     def lookup(self, rows: np.ndarray) -> np.ndarray:
         """Candidate number of each row, -1 where the row is not a candidate."""
         rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
-        if self._dict is not None:
-            return np.array([self._dict.get(r.tobytes(), -1) for r in rows], dtype=np.int64)
-        assert self._radix is not None and self._keys is not None and self._order is not None
+        assert self._radix is not None and self._keys is not None
         inside = np.all((rows >= 0) & (rows < self._radix), axis=1)
         out = np.full(len(rows), -1, dtype=np.int64)
         if inside.any():
             keys = self._encode_keys(rows[inside])
             pos = np.searchsorted(self._keys, keys).clip(max=len(self._keys) - 1)
             hit = self._keys[pos] == keys
-            out[np.flatnonzero(inside)[hit]] = self._order[pos[hit]]
+            out[np.flatnonzero(inside)[hit]] = pos[hit] if self._order is None else self._order[pos[hit]]
         return out
 
     def hamming_neighbours(self, rows: np.ndarray, *, chunk: int = 131_072) -> np.ndarray:
@@ -84,7 +177,8 @@ class Candidates:
         rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64)
-        radix = self._radix if self._radix is not None else self.rows.max(axis=0).astype(np.int64) + 1
+        assert self._radix is not None
+        radix = self._radix
         moves = _moves(rows, radix, limit=len(self.rows))
         if moves is not None:
             found = self.lookup(moves)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import math
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -14,8 +16,8 @@ import numpy as np
 
 from fleettune_job.protocol import Outcome
 
-from .features import model_features, switches
-from .problem import Candidates, History
+from .features import FeatureMap, model_features, switches
+from .problem import Candidates, History, index_dtype
 from .stopping import stop_reason
 from .strategy import Strategy
 
@@ -58,6 +60,34 @@ def strategy_options(name: str) -> tuple[Mapping[str, Any], frozenset[str]]:
 
 PriorObservation = tuple[dict[str, Any], Outcome, float | None]
 
+# Candidate sets by content, while some study holds them: the studies of one space (the
+# sizes of a pool, pools whose devices allow the same configurations, a rebuilt study)
+# share one read-only `Candidates` instead of each keeping its own copy.
+_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], Candidates] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_candidates(space: Any, rows: np.ndarray) -> Candidates:
+    """The candidate set of ``rows`` in ``space`` (features computed from the space's
+    parameters), the same object for every study with equal parameters and rows."""
+    params = getattr(space, "parameters", None)
+    if rows.dtype.kind not in "iu":
+        rows = rows.astype(np.int32)
+    if not params:  # no typed parameters: the space's own encoding, not shared
+        x, xf, groups = model_features(space, rows)
+        return Candidates(rows, x, groups, xf, switches(space))
+    rows = np.ascontiguousarray(rows, dtype=index_dtype(rows))  # what Candidates keeps: equal sets, equal keys
+    digest = hashlib.blake2b(rows.data, digest_size=20).hexdigest()
+    key = (tuple((p.name, p.type, p.scale, repr(p.values)) for p in params), rows.shape, str(rows.dtype), digest)
+    with _SHARED_LOCK:
+        found = _SHARED.get(key)
+    if found is not None:
+        return found
+    fmap = FeatureMap(space)
+    made = Candidates(rows, None, list(fmap.groups), None, switches(space), features=fmap)
+    with _SHARED_LOCK:
+        return _SHARED.setdefault(key, made)
+
 
 def log_noise(objective: float, times: Sequence[float]) -> float:
     """Variance of log(mean time) estimated from the repeats (0 without repeats)."""
@@ -91,9 +121,7 @@ class Study:
         self.seed = int(seed)
         if candidates is None:
             candidates = self._default_candidates(space, self.seed)
-        rows = np.asarray(candidates, dtype=np.int32)
-        x, xf, groups = model_features(space, rows)
-        self.candidates = Candidates(rows, x, groups, xf, switches(space))
+        self.candidates = shared_candidates(space, np.asarray(candidates))
         self.strategy = STRATEGIES[strategy](self.candidates, self.seed, options)
         self.history = History.empty(self.candidates.n_features, self.candidates.xf.shape[1])
         self._observed = np.zeros(len(self.candidates), dtype=bool)
@@ -113,6 +141,9 @@ class Study:
     @staticmethod
     def _default_candidates(space: Any, seed: int) -> np.ndarray:
         if space.count() <= MAX_ENUMERATED:
+            sizes = getattr(space, "sizes", None)
+            if sizes:  # rows as narrow as the candidates will keep them: no int32 copy on the way
+                return np.asarray(space.enumerate(dtype=index_dtype(np.asarray([max(sizes) - 1]))))
             return np.asarray(space.enumerate())
         return np.asarray(space.sample(SAMPLED_CANDIDATES, np.random.default_rng([seed, 0xCA4D]), distinct=True))
 
@@ -133,8 +164,11 @@ class Study:
         cand = int(self.candidates.lookup(row)[0])
         if cand >= 0:
             x, xf = self.candidates.x[cand], self.candidates.xf[cand]
+        elif self.candidates.features is not None:
+            x, xf = self.candidates.features(row)[0], self.candidates.features(row, feas=True)[0]
         else:
             x, xf, _ = model_features(self.space, row)
+            x, xf = x[0], xf[0]
         self.history.append(x, xf, cand, value, noise, outcome, task)
         self._rows.append(row[0])
         if cand >= 0 and task == 1:

@@ -185,11 +185,17 @@ class SearchSpace:
             out[:, j] = cols[j]
         return out
 
-    def enumerate(self, limit: int | None = None) -> np.ndarray:
-        """All valid configurations as int32 index rows (at most ``limit``), in a fixed order."""
+    def enumerate(self, limit: int | None = None, dtype: Any = np.int32) -> np.ndarray:
+        """All valid configurations as index rows (at most ``limit``), in a fixed order.
+
+        ``dtype``: an integer type for the rows, e.g. ``np.uint8`` when no parameter has
+        more than 256 values (a quarter of int32's memory for a large space)."""
         d = len(self.sizes)
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "iu" or (self.sizes and max(self.sizes) - 1 > np.iinfo(dtype).max):
+            raise SpaceError("enumerate", f"{dtype} cannot hold the value indices of this space")
         if limit is not None and limit <= 0:
-            return np.zeros((0, d), dtype=np.int32)
+            return np.zeros((0, d), dtype=dtype)
         # Unconstrained parameters are a plain Cartesian factor: enumerate the constrained core
         # and write the free columns once per output block instead of carrying them through
         # every expansion step.
@@ -207,14 +213,14 @@ class SearchSpace:
             raise SpaceError("enumerate", f"{cap} valid configurations are too many to hold in memory; "
                                           "pass limit= or use sample()")
         blocks: list[np.ndarray] = []
-        out = np.empty((cap, d), dtype=np.int32) if cap is not None else None
+        out = np.empty((cap, d), dtype=dtype) if cap is not None else None
         pos = 0
         core_chunk = max(1, CHUNK_ROWS // nfree)
         for cols, m in self._solver.iter_blocks(chunk=core_chunk, skip=free):
             take = m * nfree
             if cap is not None:
                 take = min(take, cap - pos)
-            block = out[pos: pos + take] if out is not None else np.empty((take, d), dtype=np.int32)
+            block = out[pos: pos + take] if out is not None else np.empty((take, d), dtype=dtype)
             # Fill in cache-sized slabs: column writes into a row-major array are strided, and
             # doing them slab by slab keeps the rows in cache.
             for s0 in range(0, take, _SLAB):
@@ -236,7 +242,7 @@ class SearchSpace:
                 break
         if out is not None:
             return out[:pos]
-        return np.concatenate(blocks) if blocks else np.zeros((0, d), dtype=np.int32)
+        return np.concatenate(blocks) if blocks else np.zeros((0, d), dtype=dtype)
 
     def _draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` independent uniform draws (with replacement) from the valid configurations."""
