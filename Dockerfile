@@ -13,7 +13,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY job_image/fleettune_job ./job_image/fleettune_job
-RUN pip install . && python -c "import fleettune.controller.handlers"
+# NVRTC comes with it (a library, no GPU needed): the operator compiles users' kernels up front.
+RUN pip install . && python -c "import fleettune.controller.handlers; from fleettune_job import nvrtc; assert nvrtc.available()"
 
 FROM python:3.11.10-slim-bookworm
 COPY --from=build /opt/venv /opt/venv

@@ -11,6 +11,7 @@ kernel, and a fast wrong kernel would win the tuning run.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,7 +142,7 @@ def _prepare_builtin(trial: Trial, desc: KernelDescriptor, problem_size: tuple[i
                    desc.grid, desc.block, problem_size)
 
 
-def _read_source(path: Path) -> str:
+def _read_source(path: Path, sha256: str | None = None) -> str:
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -149,6 +150,9 @@ def _read_source(path: Path) -> str:
         raise TrialSpecError(f"cannot read kernel source {path}: {exc.strerror or exc}") from None
     if len(raw) > MAX_SOURCE_BYTES:
         raise TrialSpecError(f"kernel source {path} is larger than {MAX_SOURCE_BYTES} bytes")
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        # The ConfigMap was edited after the operator checked it: not this configuration's fault.
+        raise TrialSpecError(f"kernel source {path} changed since the run checked it (sha256 {sha256[:12]}…)")
     try:
         return raw.decode()
     except UnicodeDecodeError:
@@ -167,7 +171,7 @@ def _expression_names(config: Mapping[str, Any]) -> dict[str, Number]:
 def _prepare_user_source(trial: Trial, desc: KernelDescriptor, problem_size: tuple[int, ...]) -> Prepared:
     ref = trial.kernel
     path = Path(ref.source_path or "")
-    source = _read_source(path)
+    source = _read_source(path, ref.source_sha256)
 
     # The interface's own parameters (filter sizes, use_cmem, ...) keep the built-in's
     # defaults unless the configuration sets them; every other entry is the user's.
@@ -247,7 +251,7 @@ def _prepare_user_kernel(trial: Trial) -> PreparedUser:
     if any(n < 1 for n in problem_size):
         raise TrialSpecError(f"problem_size entries must be positive, got {list(problem_size)}")
     path = Path(ref.source_path or "")
-    source = _read_source(path)
+    source = _read_source(path, ref.source_sha256)
     arguments = resolve_arguments(ref.arguments, problem_size)
 
     check = ref.verification

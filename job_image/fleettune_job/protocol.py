@@ -118,6 +118,9 @@ class KernelRef(_Strict):
     block: list[str] | None = None
     arguments: list[Argument] | None = None
     verification: Verification | None = None
+    # SHA-256 of the source the operator checked: the ConfigMap is mounted live, and a trial
+    # of an edited source would measure another kernel than its round's.
+    source_sha256: str | None = None
 
 
 class Trial(_Strict):

@@ -101,8 +101,11 @@ class VerificationSpec(_Model):
         description="A reference kernel in the same source, launched with kernel.defaultConfig; default: the "
         "tuned kernel itself with kernel.defaultConfig.",
     )
-    atol: float = Field(default=1e-6, ge=0, description="Absolute tolerance per element.")
-    rtol: float = Field(default=1e-5, ge=0, description="Tolerance relative to the reference's element.")
+    # No schema defaults: Helm re-renders 1.0e-06 as 1e-06, which YAML 1.1 reads as a string.
+    atol: float | None = Field(default=None, ge=0, description="Absolute tolerance per element (default 1e-6).")
+    rtol: float | None = Field(
+        default=None, ge=0, description="Tolerance relative to the reference's element (default 1e-5)."
+    )
 
 
 class SourceRef(_Model):
@@ -168,8 +171,10 @@ class KernelSpec(_Model):
         description="The kernel's untuned configuration. It is measured first on every target and "
         "speed-ups are reported against it.",
     )
-    warmups: int = Field(default=3, ge=0, le=1000)
-    repeats: int = Field(default=7, ge=1, le=1000)
+    warmups: int = Field(default=3, ge=0, le=1000, description="Untimed launches before timing each configuration.")
+    repeats: int = Field(
+        default=7, ge=1, le=1000, description="Timed launches per configuration; the objective is their median."
+    )
 
     def sizes(self) -> list[tuple[int, ...]]:
         """The problem sizes to tune, in the order given (duplicates dropped)."""
@@ -180,9 +185,11 @@ class KernelSpec(_Model):
 class RangeSpec(_Model):
     model_config = ConfigDict(json_schema_extra={CEL: [{"rule": "self.min <= self.max", "message": "min > max"}]})
 
-    min: float
-    max: float
-    step: float | None = Field(default=None, gt=0)
+    min: float = Field(description="Smallest value (inclusive).")
+    max: float = Field(description="Largest value (inclusive).")
+    step: float | None = Field(
+        default=None, gt=0, description="Spacing of the values (integers: default 1; reals: default continuous)."
+    )
 
 
 class ParameterSpec(_Model):
@@ -193,24 +200,44 @@ class ParameterSpec(_Model):
         {"rule": "self.type != 'permutation' || has(self.size)", "message": "permutation parameters need a size"},
     ]})
 
-    name: str = Field(pattern=IDENTIFIER, max_length=63)
-    type: ParameterType = "ordinal"
-    values: list[Any] | None = Field(default=None, min_length=1, max_length=4096)
-    range: RangeSpec | None = None
-    scale: Literal["linear", "log"] | None = None
-    size: int | None = Field(default=None, ge=2, le=12)
-    default: Any = None
+    name: str = Field(
+        pattern=IDENTIFIER, max_length=63,
+        description="The parameter's name: a C identifier, passed to the kernel as a compile-time define.",
+    )
+    type: ParameterType = Field(
+        default="ordinal",
+        description="ordinal: ordered values (e.g. powers of two); integer and real: a range; categorical: "
+        "unordered values; boolean: true/false; permutation: an ordering of size elements.",
+    )
+    values: list[Any] | None = Field(
+        default=None, min_length=1, max_length=4096, description="The values (ordinal and categorical)."
+    )
+    range: RangeSpec | None = Field(default=None, description="The range (integer and real).")
+    scale: Literal["linear", "log"] | None = Field(
+        default=None, description="How the optimiser sees distances; default: log for powers of two."
+    )
+    size: int | None = Field(default=None, ge=2, le=12, description="Number of elements (permutation).")
+    default: Any = Field(default=None, description="The untuned value (see kernel.defaultConfig).")
 
 
 class ObjectiveSpec(_Model):
     metric: Literal["time"] = Field(default="time", description="Kernel time in milliseconds (median of repeats).")
-    direction: Literal["minimize"] = "minimize"
+    direction: Literal["minimize"] = Field(default="minimize", description="Kernel time is minimised.")
 
 
 class StrategySpec(_Model):
-    name: StrategyName = "bayes"
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    options: dict[str, Any] | None = None
+    name: StrategyName = Field(
+        default="bayes",
+        description="bayes: Bayesian optimisation with a feasibility model (default); random; genetic.",
+    )
+    seed: int = Field(
+        default=0, ge=0, le=2**31 - 1,
+        description="Seed of the strategy: the same seed and the same results in the same order give the same "
+        "suggestions.",
+    )
+    options: dict[str, Any] | None = Field(
+        default=None, description="Options of the strategy; unknown keys are rejected (see the README)."
+    )
 
 
 class BudgetSpec(_Model):
@@ -222,7 +249,10 @@ class BudgetSpec(_Model):
         default=10, ge=0, le=100_000,
         description="Infrastructure failures (not invalid configurations) tolerated per pool before it fails.",
     )
-    trial_timeout_seconds: int = Field(default=300, ge=1, le=86_400)
+    trial_timeout_seconds: int = Field(
+        default=300, ge=1, le=86_400,
+        description="A trial's limit (compile, verify, time); past it the configuration counts as a timeout.",
+    )
     patience: int | None = Field(
         default=None, ge=1, le=100_000, description="Stop a pool after this many trials without improvement."
     )
@@ -233,17 +263,25 @@ class BudgetSpec(_Model):
 
 
 class TargetSpec(_Model):
-    name: str = Field(pattern=DNS_LABEL, max_length=24)
-    node_selector: dict[str, str] | None = None
-    affinity: dict[str, Any] | None = None
-    tolerations: list[dict[str, Any]] | None = Field(default=None, max_length=32)
-    runtime_class_name: str | None = Field(default=None, max_length=253)
+    name: str = Field(
+        pattern=DNS_LABEL, max_length=24, description="The pool's name in the status, metrics and published keys."
+    )
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Labels of the pool's nodes (e.g. nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB)."
+    )
+    affinity: dict[str, Any] | None = Field(default=None, description="Pod affinity of the pool's trial Pods.")
+    tolerations: list[dict[str, Any]] | None = Field(
+        default=None, max_length=32, description="Tolerations of the pool's trial Pods (e.g. GPU node taints)."
+    )
+    runtime_class_name: str | None = Field(
+        default=None, max_length=253, description="Runtime class of the trial Pods (e.g. nvidia on Jetson)."
+    )
     image: str | None = Field(default=None, max_length=512, description="Job image for this pool (e.g. arm64).")
     device: str | None = Field(
         default=None, max_length=128,
         description="GPU product for device limits in constraints; default: read from the pool's node labels.",
     )
-    gpus: int = Field(default=1, ge=1, le=16)
+    gpus: int = Field(default=1, ge=1, le=16, description="GPUs (nvidia.com/gpu) per trial Pod.")
     allow_privileged: bool = Field(
         default=False, description="Run trial pods without the restricted security context (e.g. some edge nodes)."
     )
@@ -257,8 +295,13 @@ class JobTemplateSpec(_Model):
     image: str | None = Field(
         default=None, max_length=512, description="Job image; default: the operator's FLEETTUNE_JOB_IMAGE."
     )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    ttl_seconds_after_finished: int = Field(default=3600, ge=0, le=604_800)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy of the trial Pods."
+    )
+    ttl_seconds_after_finished: int = Field(
+        default=3600, ge=0, le=604_800,
+        description="Backstop cleanup of finished trial Jobs (the operator deletes them once recorded).",
+    )
     backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")
 
 
@@ -285,24 +328,30 @@ class TuningRunSpec(_Model):
          "message": f"size(targets) * size(predictFor) must be at most {MAX_PREDICTIONS}", "fieldPath": ".predictFor"},
     ]})
 
-    kernel: KernelSpec
-    parameters: list[ParameterSpec] = Field(min_length=1, max_length=64)
+    kernel: KernelSpec = Field(description="The kernel to tune: a built-in of the job image, or your CUDA source.")
+    parameters: list[ParameterSpec] = Field(
+        min_length=1, max_length=64, description="The tunable parameters: the search space (with constraints)."
+    )
     constraints: list[Annotated[str, StringConstraints(min_length=1, max_length=2048)]] = Field(
         default_factory=list,
         max_length=256,
         description="Known constraints: expressions over parameters and device.<limit>.",
     )
-    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
-    strategy: StrategySpec = Field(default_factory=StrategySpec)
-    budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    targets: list[TargetSpec] = Field(min_length=1, max_length=16)
-    job_template: JobTemplateSpec = Field(default_factory=JobTemplateSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="What is optimised.")
+    strategy: StrategySpec = Field(default_factory=StrategySpec, description="How configurations are chosen.")
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description="How much to spend, per target pool.")
+    targets: list[TargetSpec] = Field(
+        min_length=1, max_length=16, description="The node pools to tune on; each is tuned separately."
+    )
+    job_template: JobTemplateSpec = Field(default_factory=JobTemplateSpec, description="The trial Jobs.")
     retune_policy: RetunePolicy = Field(
         default="Manual",
         description="OnDriverChange: re-tune a pool, warm-started, when its GPU fingerprint changes. Manual: only mark "
         "it Stale; re-tune when the annotation fleettune.dev/retune-requested-at changes.",
     )
-    publish: PublishSpec | None = None
+    publish: PublishSpec | None = Field(
+        default=None, description="Publish the best configuration per pool to a ConfigMap for applications."
+    )
     predict_for: list[ProblemSize] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
         description="Problem sizes never tuned: status.predictions recommends a configuration per target for each, "
@@ -354,6 +403,14 @@ class ConfigResult(_Model):
     trial: int
 
 
+class RankedConfig(_Model):
+    """One of the best configurations, on one line (`kubectl describe` stays short)."""
+
+    config: str = Field(description="The configuration as name=value pairs.")
+    objective_ms: float
+    trial: int
+
+
 class TrialCounts(_Model):
     completed: int = 0
     valid: int = 0
@@ -368,11 +425,15 @@ class TargetStatus(TrialCounts):
     problem_size: list[int] | None = None
     phase: TargetPhase = "Pending"
     budget: int = 0
-    space_size: int | None = None
+    space_size: int | None = Field(
+        default=None, description="Valid configurations on this pool's GPU (at most 2^63-1 is shown)."
+    )
     device: str = ""
     fingerprint: Fingerprint | None = None
     best: ConfigResult | None = None
-    top: list[ConfigResult] = Field(default_factory=list, max_length=5)
+    top: list[RankedConfig] = Field(
+        default_factory=list, max_length=5, description="The best configurations, best first (`best` in full)."
+    )
     round: int = Field(default=1, description="Tuning round; a driver change or a retune request starts the next.")
     round_started_at: str | None = None
     tuned_for: TunedFor | None = None
@@ -408,6 +469,9 @@ class TuningRunStatus(_Model):
     predictions: list[Prediction] = Field(default_factory=list, max_length=MAX_PREDICTIONS)
     results: ResultsRef | None = None
     space_hash: str | None = Field(default=None, description="Hash of kernel, parameters, constraints, objective.")
+    source_digest: str | None = Field(
+        default=None, description="SHA-256 of the user kernel's source that the current rounds measure."
+    )
     last_handled_retune_at: str | None = Field(
         default=None, description="The fleettune.dev/retune-requested-at token last acted on."
     )

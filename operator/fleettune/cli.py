@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fleettune.report", "per-pool table and an HTML/PNG report of a run"),
     "predict": ("fleettune.predict", "recommend a configuration for a problem size that was never tuned"),
     "crd": ("fleettune.crd", "print the TuningRun CustomResourceDefinition generated from the models"),
-    "bench": ("fleettune.bench", "benchmarks: `bench space|strategy|warmstart|load`"),
+    "bench": ("fleettune.bench", "benchmarks: `bench space|strategy|warmstart|load|memory`"),
 }
 
 

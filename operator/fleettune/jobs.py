@@ -16,6 +16,7 @@ from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
 from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune.names import label_value
 from fleettune.publish import size_key
 from fleettune_job.protocol import CONTAINER_NAME, INVALID_CONFIG_EXIT_CODES, TERMINATION_LOG, TRIAL_ENV, Trial
 
@@ -40,13 +41,24 @@ def job_name(run: str, target: str, index: int) -> str:
     name = f"{run}-{target}-{index:04d}"
     if len(name) <= 63:
         return name
-    # Keep names unique and deterministic when the run name is long.
+    # Keep names unique and deterministic when the run name is long: the hash stands for the
+    # whole (run, target), the index stays whole. (A name is also the Pods' job-name label
+    # value: at most 63 characters, ending alphanumeric; a cut run name must not end in '.'.)
     digest = hashlib.sha256(f"{run}/{target}".encode()).hexdigest()[:8]
-    return f"{run[: 63 - len(target) - 16]}-{digest}-{target}-{index:04d}"[:63].rstrip("-")
+    tail = f"-{digest}-{target}-{index:04d}"
+    if len(tail) > 40:  # a long target key (several problem sizes): the hash names it
+        tail = f"-{digest}-{index:04d}"
+    return f"{run[: max(62 - len(tail), 1)].rstrip('-.')}{tail}"  # 62: the names of earlier versions
+
+
+def run_label(run: str) -> str:
+    """The value of RUN_LABEL: the run's name, or a hashed form of a name longer than a label
+    value may be (run names go up to 253 characters)."""
+    return label_value(run)
 
 
 def run_selector(run: str) -> str:
-    return f"{MANAGED_BY}=fleettune,{RUN_LABEL}={run}"
+    return f"{MANAGED_BY}=fleettune,{RUN_LABEL}={run_label(run)}"
 
 
 def target_key(target: str, size: Sequence[int], several: bool) -> str:
@@ -62,9 +74,10 @@ def target_of_key(key: str) -> str:
 KERNEL_DIR = "/etc/fleettune/kernel"
 
 
-def kernel_ref(spec: TuningRunSpec) -> dict[str, Any]:
+def kernel_ref(spec: TuningRunSpec, source_digest: str | None = None) -> dict[str, Any]:
     """The trial's `kernel`: a built-in's name, or the user source's mount path, geometry,
-    arguments and verification (data keys resolved to their mounted files)."""
+    arguments and verification (data keys resolved to their mounted files), and the digest
+    of the source the operator checked."""
     kernel = spec.kernel
     source = kernel.source
     if source is None:
@@ -78,28 +91,27 @@ def kernel_ref(spec: TuningRunSpec) -> dict[str, Any]:
     check = source.verification
     return {
         "source_path": f"{KERNEL_DIR}/{source.key}",
+        "source_sha256": source_digest,
         "function": source.function,
         "grid": source.grid,
         "block": source.block,
         "arguments": arguments,
-        "verification": {
-            "reference_config": kernel.default_config or {},
-            "reference_function": check.reference_function,
-            "atol": check.atol,
-            "rtol": check.rtol,
-        },
+        # Unset tolerances take the job protocol's defaults (one home for them).
+        "verification": {"reference_config": kernel.default_config or {}}
+        | check.model_dump(exclude_none=True, include={"reference_function", "atol", "rtol"}),
     }
 
 
 def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any],
-               key: str | None = None, problem_size: Sequence[int] | None = None) -> Trial:
+               key: str | None = None, problem_size: Sequence[int] | None = None,
+               source_digest: str | None = None) -> Trial:
     kernel = spec.kernel
     return Trial.model_validate(
         {
             "run": run,
             "target": key or target.name,
             "index": index,
-            "kernel": kernel_ref(spec),
+            "kernel": kernel_ref(spec, source_digest),
             "config": config,
             "problem_size": list(problem_size or kernel.sizes()[0]),
             "warmups": kernel.warmups,
@@ -125,7 +137,11 @@ def with_node_expressions(affinity: dict[str, Any] | None, expressions: list[dic
 
 
 def _security(target: TargetSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    if target.allow_privileged:
+    from fleettune.admission import TrialPolicy
+
+    # The run is checked against the operator's trial policy before any Job is rendered;
+    # this is the second lock on the same door.
+    if target.allow_privileged and TrialPolicy.from_env().allow_privileged:
         return {}, {}
     pod = {
         "runAsNonRoot": True,
@@ -157,14 +173,15 @@ def render_job(
     node_expressions: list[dict[str, Any]] | None = None,
     key: str | None = None,
     problem_size: Sequence[int] | None = None,
+    source_digest: str | None = None,
 ) -> dict[str, Any]:
     """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
     tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
     shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
     (see `target_key`)."""
     key = key or target.name
-    trial = make_trial(run, spec, target, index, config, key, problem_size)
-    labels = {MANAGED_BY: "fleettune", RUN_LABEL: run, TARGET_LABEL: key, TRIAL_LABEL: str(index)}
+    trial = make_trial(run, spec, target, index, config, key, problem_size, source_digest)
+    labels = {MANAGED_BY: "fleettune", RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
     pod_security, container_security = _security(target)
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]

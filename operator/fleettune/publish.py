@@ -30,7 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleettune.fingerprint import NodeFingerprint, fingerprint_key
 
 TUNED_JSON = "tuned.json"
-PUBLISHED_BY = "fleettune.dev/published-by"
+PUBLISHED_BY = "fleettune.dev/published-by"  # label: the run's name as a label value
+PUBLISHED_BY_RUN = "fleettune.dev/published-by-run"  # annotation: the run's whole name
+PUBLISHED_BY_UID = "fleettune.dev/published-by-uid"  # annotation: the uid of the run that wrote it last
 MANAGED_BY = "app.kubernetes.io/managed-by"
 SCHEMA = "fleettune.dev/tuned/v1"
 MAX_KEY = 253
@@ -151,21 +153,50 @@ def published_configmap(
     entries: Iterable[PublishedEntry],
     *,
     name: str | None = None,
+    run_uid: str | None = None,
 ) -> dict[str, Any]:
     """The whole ConfigMap (``name`` defaults to ``<run>-tuned``). With ``owner_uid`` it is
     owned by the run and garbage-collected with it; without, it outlives the run (for
-    applications that must keep starting after the run is deleted)."""
+    applications that must keep starting after the run is deleted). Its label and
+    annotations mark it as this run's (see `not_ours`)."""
     from fleettune import GROUP, KIND, VERSION
+    from fleettune.names import label_value
 
     meta: dict[str, Any] = {
         "name": name or f"{run_name[:247]}-tuned",
         "namespace": namespace,
-        "labels": {MANAGED_BY: "fleettune", PUBLISHED_BY: run_name[:63]},
+        "labels": {MANAGED_BY: "fleettune", PUBLISHED_BY: label_value(run_name)},
+        "annotations": {PUBLISHED_BY_RUN: run_name},
     }
+    if run_uid or owner_uid:
+        meta["annotations"][PUBLISHED_BY_UID] = run_uid or owner_uid
     if owner_uid:
         meta["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": run_name,
                                     "uid": owner_uid}]
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": configmap_data(run_name, entries)}
+
+
+def not_ours(meta: Mapping[str, Any], run_name: str) -> str | None:
+    """Why an existing ConfigMap (its metadata) must not be published into by the run
+    ``run_name``; None when it may.
+
+    It may when it carries the run's publishing marks: the label ``published-by`` with the
+    run's name (as a label value) and, when present (earlier versions did not write it),
+    the annotation ``published-by-run`` with its whole name. Not the uid and not the owner:
+    with ``retainOnDelete`` the map outlives its run, and a run re-created under the same
+    name takes its published map over; and a map the run owns may be one of its results
+    shards. Anything else — an application's own ConfigMap, another run's published map or
+    results — is never written: replacing it would lose its data (and, owned by the run,
+    garbage-collect it with the run)."""
+    from fleettune.names import label_value
+
+    name = meta.get("name", "?")
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    if (labels.get(PUBLISHED_BY) == label_value(run_name) and labels.get(MANAGED_BY) == "fleettune"
+            and annotations.get(PUBLISHED_BY_RUN, run_name) == run_name):
+        return None
+    return f"spec.publish.configMapName: ConfigMap {name} exists and is not published by this run"
 
 
 def read_entries(data: Mapping[str, str] | None) -> list[PublishedEntry]:

@@ -7,6 +7,7 @@ configurations per pool, the fingerprint measured on, and conditions with
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -15,14 +16,22 @@ from fleettune.api import (
     Condition,
     ConfigResult,
     Fingerprint,
+    RankedConfig,
     TargetStatus,
     TrialCounts,
     TuningRunStatus,
 )
+from fleettune.names import INT64_MAX, bounded
 from fleettune.results import TrialRecord
 from fleettune_job.protocol import Outcome
 
 TOP_K = 5
+# etcd keeps an object of at most 1.5 MiB (--max-request-bytes); the spec shares it.
+OBJECT_MAX_BYTES = 1_500_000
+STATUS_MAX_BYTES = 256 * 1024
+STATUS_MIN_BYTES = 8 * 1024
+PUBLISH_REFUSED = "PublishRefused"  # the Published condition's reason when the ConfigMap is not the run's
+CONFIG_VALUE_MAX = 256  # characters of a string parameter value shown in a shrunken status
 
 
 def now() -> str:
@@ -73,6 +82,11 @@ def target_status(
         ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index)
         for r in best[: max(top_k, 1)]
     ]
+    ranked_top = [
+        RankedConfig(config=bounded(" ".join(f"{k}={v}" for k, v in t.config.items()), 512),
+                     objective_ms=t.objective_ms, trial=t.trial)
+        for t in top
+    ]
     default = next((r for r in best if default_key is not None and r.key == default_key), None)
     fp_source = next((r.fingerprint for r in reversed(records) if r.fingerprint is not None), None)
     fingerprint = (
@@ -87,24 +101,25 @@ def target_status(
         name=name,
         phase=phase,  # type: ignore[arg-type]
         budget=budget,
-        space_size=space_size,
-        device=device,
+        # An integer in the CRD is an int64: a larger space is reported as the largest one.
+        space_size=min(space_size, INT64_MAX) if space_size is not None else None,
+        device=bounded(device, 256),
         fingerprint=fingerprint,
         best=top[0] if top else None,
-        top=top if top_k > 1 else [],  # `best` alone says it
+        top=ranked_top if top_k > 1 else [],  # `best` alone says it
         default_ms=round(default.objective, 6) if default and default.objective else None,
         speedup=speedup,
-        message=message,
+        message=bounded(message),
         round=tuning_round,
         tuned_for=tuned_for,
-        stale=stale,
+        stale=bounded(stale) if stale is not None else None,
         **counts(records, running).model_dump(),
     )
 
 
 def _summary(targets: Sequence[TargetStatus]) -> str:
     parts = [f"{t.name}={t.best.objective_ms:.3g}ms" for t in targets if t.best is not None]
-    return " ".join(parts)[:200]
+    return bounded(" ".join(parts), 200)
 
 
 def set_condition(
@@ -115,7 +130,7 @@ def set_condition(
     old = next((c for c in conditions if c.type == kind), None)
     when = old.last_transition_time if old is not None and old.status == value else now()
     new = Condition(
-        type=kind, status=value, reason=reason, message=message[:1000],
+        type=kind, status=value, reason=bounded(reason, 128), message=bounded(message),
         last_transition_time=when, observed_generation=generation,
     )
     return [c for c in conditions if c.type != kind] + [new]
@@ -131,8 +146,12 @@ def run_status(
     reason: str,
     message: str,
     extra: dict[str, Any] | None = None,
+    published: tuple[bool, str, str] | None = None,
 ) -> TuningRunStatus:
-    """`extra`: further top-level status fields (snake_case names of TuningRunStatus)."""
+    """`extra`: further top-level status fields (snake_case names of TuningRunStatus).
+    `published`: (status, reason, message) of the `Published` condition when the run
+    publishes (None: no such condition); a refused publication (reason PUBLISH_REFUSED)
+    also degrades the run."""
     prev = previous or TuningRunStatus()
     total = TrialCounts(
         **{f: sum(getattr(t, f) for t in targets) for f in TrialCounts.model_fields}
@@ -141,18 +160,21 @@ def run_status(
     conditions = list(prev.conditions)
     terminal = phase in ("Succeeded", "Failed")
     degraded = phase == "Failed" or any(t.phase in ("Failed", "Unschedulable") for t in targets)
+    refused = published is not None and published[1] == PUBLISH_REFUSED
     conditions = set_condition(conditions, "Ready", phase == "Succeeded", reason, message, generation)
     conditions = set_condition(
         conditions, "Progressing", not terminal, reason if not terminal else "Finished", message, generation
     )
-    conditions = set_condition(
-        conditions,
-        "Degraded",
-        degraded,
-        reason if degraded else "AsExpected",
-        message if degraded else "",
-        generation,
-    )
+    if not degraded and refused:
+        assert published is not None
+        degraded, reason_d, message_d = True, published[1], published[2]
+    else:
+        reason_d, message_d = (reason, message) if degraded else ("AsExpected", "")
+    conditions = set_condition(conditions, "Degraded", degraded, reason_d, message_d, generation)
+    if published is None:
+        conditions = [c for c in conditions if c.type != "Published"]
+    else:
+        conditions = set_condition(conditions, "Published", *published, generation)
     stale = [f"{t.name}: {t.stale}" for t in targets if t.stale]
     conditions = set_condition(
         conditions, "Stale", bool(stale), "FingerprintChanged" if stale else "UpToDate", "; ".join(stale), generation
@@ -170,3 +192,56 @@ def run_status(
         completed_at=(prev.completed_at or now()) if terminal else None,
         **(extra or {}),
     )
+
+
+def _json_size(doc: Any) -> int:
+    return len(json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def status_budget(body: dict[str, Any]) -> int:
+    """How many bytes the status of ``body`` (a TuningRun as read) may take: what etcd's
+    object limit leaves beside the spec and metadata, at most STATUS_MAX_BYTES."""
+    rest = _json_size({k: v for k, v in body.items() if k != "status"})
+    return max(STATUS_MIN_BYTES, min(STATUS_MAX_BYTES, OBJECT_MAX_BYTES - rest - 16 * 1024))
+
+
+def _bound_config(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: bounded(v, CONFIG_VALUE_MAX) if isinstance(v, str) else v for k, v in config.items()}
+
+
+def fit_status(status: dict[str, Any], budget: int) -> dict[str, Any]:
+    """``status`` (the JSON form) shrunk until it fits ``budget`` bytes, least useful first:
+    the top-k lists, long string values of configurations, predictions, then everything
+    per target but its counters and phase. A status that cannot be written shows nothing
+    at all, so a smaller one is always better; the full results are in the results store."""
+    if _json_size(status) <= budget:
+        return status
+    out = json.loads(json.dumps(status))
+    targets = out.get("targets") or []
+
+    def shrink_configs() -> None:
+        for t in targets:
+            if t.get("best"):
+                t["best"]["config"] = _bound_config(t["best"]["config"])
+        for p in out.get("predictions") or []:
+            if p.get("config"):
+                p["config"] = _bound_config(p["config"])
+
+    def strip_targets() -> None:
+        keep = {"name", "target", "problemSize", "phase", "budget", "round", "completed", "valid", "invalid",
+                "infraFailed", "running"}
+        for i, t in enumerate(targets):
+            targets[i] = {k: v for k, v in t.items() if k in keep} | {"message": bounded(t.get("message", ""), 200)}
+
+    steps = [
+        lambda: [t.pop("top", None) for t in targets],
+        shrink_configs,
+        lambda: out.pop("predictions", None),
+        strip_targets,
+        lambda: out.update(targets=[], bestSummary=""),
+    ]
+    for step in steps:
+        step()
+        if _json_size(out) <= budget:
+            break
+    return out

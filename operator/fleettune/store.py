@@ -6,6 +6,10 @@ size limit. Records are gzip-compressed JSON lines in shards of at most
 `SHARD_RECORDS` records; writes use the shard's resourceVersion (optimistic
 concurrency), and a record is identified by (generation, target, index), so writing it
 twice — e.g. after a crash between recording and deleting its Job — stores it once.
+
+Shards are named after the run *and* a hash of its uid, and read only when the run owns
+them, so runs never share one; shards of earlier versions (``<run[:40]>-results-NNNN``,
+same labels and owner) are still read, and appended to until full.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +27,12 @@ from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, KIND, VERSION
 from fleettune.jobs import MANAGED_BY
+from fleettune.names import child_name, label_value
 from fleettune.results import TrialRecord
 
 SHARD_RECORDS = 500
-RESULTS_OF = f"{GROUP}/results-of"
+RESULTS_OF = f"{GROUP}/results-of"  # the run's name as a label value (jobs.run_label)
+RUN_UID = f"{GROUP}/run-uid"
 DATA_KEY = "records.jsonl.gz"
 
 RecordId = tuple[int, str, int]
@@ -45,8 +52,33 @@ def decode_shard(data: str) -> list[TrialRecord]:
     return [TrialRecord.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
 
-def shard_name(run: str, index: int) -> str:
-    return f"{run[:40]}-results-{index:04d}"
+def shard_name(run: str, uid: str, index: int) -> str:
+    """``<run>-<hash of uid>-results-NNNN``: unique per run object, however long its name and
+    whatever other run shares its first characters (or its name, while an older run of that
+    name is still being garbage-collected)."""
+    return child_name(run, uid, f"results-{index:04d}")
+
+
+def shard_prefix(run: str, uid: str) -> str:
+    return child_name(run, uid, "results")
+
+
+def _shard_order(name: str) -> tuple[int, str]:
+    # Shards of earlier versions (`<run[:40]>-results-NNNN`) and current ones, by number.
+    tail = name.rsplit("-", 1)[-1]
+    return (int(tail) if tail.isdigit() else 1 << 30, name)
+
+
+def owned_by(obj: Any, uid: str) -> bool:
+    """Whether a ConfigMap (client model or dict) is owned by the run with ``uid``."""
+    meta = obj.get("metadata", {}) if isinstance(obj, dict) else obj.metadata
+    owners = (meta.get("ownerReferences") if isinstance(meta, dict) else meta.owner_references) or []
+    return any((o.get("uid") if isinstance(o, dict) else o.uid) == uid for o in owners)
+
+
+class StoreConflict(RuntimeError):
+    """Writing the store kept conflicting (another writer, or names taken): retried a few
+    times with a short backoff, then given up for this step: the caller backs off too."""
 
 
 @dataclass
@@ -57,12 +89,21 @@ class _Shard:
 
 
 class ResultsStore:
-    """Blocking API calls: the controller runs these methods in an executor."""
+    """Blocking API calls: the controller runs these methods in an executor.
+
+    A run's shards are the ConfigMaps labelled ``results-of=<run label>`` that the run (its
+    uid) owns: whatever else carries the label — another run whose long name hashes alike,
+    an older run of the same name not yet garbage-collected — is neither read nor written.
+    """
+
+    MAX_CONFLICTS = 6
+    BACKOFF_S = 0.1
 
     def __init__(self, core: client.CoreV1Api, namespace: str, run: str, uid: str) -> None:
         self.core, self.namespace, self.run, self.uid = core, namespace, run, uid
         self._shards: list[_Shard] = []
         self._ids: set[RecordId] = set()
+        self._foreign: set[str] = set()  # shard names another object holds: never written
 
     @property
     def records(self) -> list[TrialRecord]:
@@ -72,44 +113,75 @@ class ResultsStore:
     def shards(self) -> int:
         return len(self._shards)
 
+    @property
+    def prefix(self) -> str:
+        return shard_prefix(self.run, self.uid)
+
     def __contains__(self, rid: RecordId) -> bool:
         return rid in self._ids
 
     def load(self) -> list[TrialRecord]:
         items = self.core.list_namespaced_config_map(
-            self.namespace, label_selector=f"{RESULTS_OF}={self.run}"
+            self.namespace, label_selector=f"{RESULTS_OF}={label_value(self.run)}"
         ).items
         shards = []
-        for cm in sorted(items, key=lambda c: c.metadata.name):
+        for cm in sorted(items, key=lambda c: _shard_order(c.metadata.name)):
+            if not owned_by(cm, self.uid):
+                continue
             data = (cm.binary_data or {}).get(DATA_KEY)
             shards.append(_Shard(cm.metadata.name, cm.metadata.resource_version, decode_shard(data) if data else []))
         self._shards = shards
         self._ids = {record_id(r) for r in self.records}
         return self.records
 
+    def _free_name(self) -> str:
+        taken = {s.name for s in self._shards} | self._foreign
+        index = len(self._shards)
+        while shard_name(self.run, self.uid, index) in taken:
+            index += 1
+        return shard_name(self.run, self.uid, index)
+
     def append(self, records: Iterable[TrialRecord]) -> list[TrialRecord]:
-        """Store new records durably; returns those that were not stored before."""
+        """Store new records durably; returns those that were not stored before.
+
+        A conflict (the shard changed, or its name is taken) is retried at most
+        MAX_CONFLICTS times, with a growing pause, then raised as StoreConflict: never a
+        tight loop of failing writes."""
         fresh = []
         for rec in records:
             if record_id(rec) not in self._ids:
                 self._ids.add(record_id(rec))
                 fresh.append(rec)
         pending = list(fresh)
+        conflicts = 0
         while pending:
             if not self._shards or len(self._shards[-1].records) >= SHARD_RECORDS:
-                self._shards.append(_Shard(shard_name(self.run, len(self._shards)), None))
+                self._shards.append(_Shard(self._free_name(), None))
             shard = self._shards[-1]
             room = SHARD_RECORDS - len(shard.records)
             batch, pending = pending[:room], pending[room:]
             try:
                 self._write(shard, shard.records + batch)
             except Exception as exc:
-                if not isinstance(exc, ApiException) or exc.status not in (409, 404):
+                conflict = isinstance(exc, ApiException) and exc.status in (409, 404)
+                conflicts += conflict
+                if not conflict or conflicts > self.MAX_CONFLICTS:
                     # Not stored (as far as we know: a write that landed anyway shows up as a
                     # conflict next time): these records must be offered again, or the Jobs
                     # they came from would be deleted with their results unrecorded.
                     self._ids.difference_update(record_id(r) for r in batch + pending)
+                    if conflict:
+                        raise StoreConflict(f"results store of {self.run}: {conflicts} conflicting writes "
+                                            f"in a row (last on ConfigMap {shard.name})") from None
                     raise
+                if shard.resource_version is None and exc.status == 409 and not self._ours(shard.name):
+                    # The name is held by an object this run does not own: leave it alone
+                    # and store under the next free name.
+                    self._foreign.add(shard.name)
+                    self._shards.pop()
+                    pending = batch + pending
+                    continue
+                time.sleep(min(self.BACKOFF_S * 2 ** (conflicts - 1), 1.0))
                 # Someone else wrote (an older operator instance?): reload, then retry what is missing.
                 self.load()
                 pending = [r for r in batch + pending if record_id(r) not in self._ids]
@@ -118,6 +190,16 @@ class ResultsStore:
             shard.records.extend(batch)
         return fresh
 
+    def _ours(self, name: str) -> bool:
+        """Whether the existing ConfigMap ``name`` is one of this run's shards (gone: not foreign)."""
+        try:
+            resp = self.core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return owned_by(json.loads(resp.data), self.uid)
+
     def _write(self, shard: _Shard, records: list[TrialRecord]) -> None:
         body: dict[str, Any] = {
             "apiVersion": "v1",
@@ -125,7 +207,7 @@ class ResultsStore:
             "metadata": {
                 "name": shard.name,
                 "namespace": self.namespace,
-                "labels": {MANAGED_BY: "fleettune", RESULTS_OF: self.run},
+                "labels": {MANAGED_BY: "fleettune", RESULTS_OF: label_value(self.run), RUN_UID: self.uid},
                 "ownerReferences": [
                     {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.run, "uid": self.uid}
                 ],

@@ -19,6 +19,7 @@ import yaml
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.cluster.network import free_port
 from fleettune.crd import render
+from fleettune.names import label_value
 from fleettune.store import DATA_KEY, RESULTS_OF, decode_shard
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,8 +71,11 @@ def install_crd(cluster: Any) -> None:
 class OperatorProcess:
     """The real operator in a subprocess, so a test can SIGKILL it and start another."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        """``env``: extra environment of the operator (its configuration, e.g. the trial
+        policy's FLEETTUNE_ALLOW_PRIVILEGED_TRIALS / FLEETTUNE_ALLOWED_IMAGES)."""
         self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.metrics_port = free_port()
@@ -86,7 +90,7 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace,
              "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"],
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
+            env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -154,7 +158,7 @@ def wait_phase(cluster: Any, namespace: str, name: str, timeout: float, operator
 
 
 def stored_records(cluster: Any, namespace: str, run: str) -> list[Any]:
-    out = cluster.kubectl("get", "configmaps", "-n", namespace, "-l", f"{RESULTS_OF}={run}", "-o", "json")
+    out = cluster.kubectl("get", "configmaps", "-n", namespace, "-l", f"{RESULTS_OF}={label_value(run)}", "-o", "json")
     records = []
     for cm in json.loads(out.stdout)["items"]:
         records += decode_shard(cm["binaryData"][DATA_KEY])
@@ -162,5 +166,5 @@ def stored_records(cluster: Any, namespace: str, run: str) -> list[Any]:
 
 
 def jobs(cluster: Any, namespace: str, run: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "jobs", "-n", namespace, "-l", f"{GROUP}/run={run}", "-o", "json")
+    out = cluster.kubectl("get", "jobs", "-n", namespace, "-l", f"{GROUP}/run={label_value(run)}", "-o", "json")
     return json.loads(out.stdout)["items"]

@@ -375,3 +375,25 @@ def test_run_deleted_while_jobs_run_leaves_nothing_behind(cluster, namespace, op
     for seen in completer.pods.values():
         assert_restricted(seen)
     _assert_clean_log(operator)
+
+
+def test_a_pool_failed_by_infrastructure_says_the_last_cause_in_its_condition(cluster, namespace, operator):
+    """The cause used to be in the operator's log alone ("11 infrastructure failures")."""
+    cause = "CUDA driver version is insufficient for CUDA runtime version (node gpu-7)"
+
+    def policy(trial: Trial, pod: dict[str, Any]) -> Reply | None:
+        return Reply(TrialResult(outcome=Outcome.INFRA_ERROR, error=cause).encode(), 20)
+
+    doc = _one_pool("infra", trialsPerTarget=4, parallelism=1, maxInfraFailures=1)
+    doc["spec"]["jobTemplate"] = {"backoffLimit": 0}
+    with PodCompleter(cluster, namespace, policy):
+        assert apply(cluster, namespace, doc).returncode == 0
+        run = wait_phase(cluster, namespace, "infra", 180, operator)
+    assert run["status"]["phase"] == "Failed"
+    target = run["status"]["targets"][0]
+    assert target["message"] == ("2 infrastructure failures (budget.maxInfraFailures=1); the last: " + cause)
+    ready = next(c for c in run["status"]["conditions"] if c["type"] == "Ready")
+    assert cause in ready["message"]
+    said = _events(cluster, namespace)
+    assert f"InfraFailure: a100 trial 1: {cause}" in said, said
+    assert "TargetFailed: a100: 2 infrastructure failures" in said, said

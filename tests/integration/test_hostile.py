@@ -263,7 +263,8 @@ def api_rejected(draw: st.DrawFn) -> tuple[dict[str, Any], str, str]:
             spec["parameters"].append({"name": "perm", "type": "permutation"})
             return doc, case, "need a size"
         if case == "two-sources":
-            spec["kernel"]["source"] = {"configMap": "k", "function": "f", "grid": ["1"], "block": ["1"]}
+            spec["kernel"]["source"] = {"configMap": "k", "function": "f", "grid": ["1"], "block": ["1"],
+                                        "arguments": [{"name": "out", "length": "8", "output": True}]}
             return doc, case, "exactly one of kernel.builtin or kernel.source"
         del spec["kernel"]["builtin"]
         return doc, case, "exactly one of kernel.builtin or kernel.source"

@@ -52,3 +52,18 @@ def test_spec_errors_name_the_field():
     doc["parameters"][2]["type"] = "complex"
     with pytest.raises(SpecError, match=r"spec\.parameters\[2\]\.type"):
         parse_spec(doc)
+
+
+def test_every_spec_field_is_described_for_kubectl_explain():
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    undescribed = []
+
+    def visit(node, path):
+        for name, prop in (node.get("properties") or {}).items():
+            if not prop.get("description"):
+                undescribed.append(f"{path}.{name}")
+            visit(prop, f"{path}.{name}")
+            visit(prop.get("items") or {}, f"{path}.{name}[]")
+
+    visit(spec, "spec")
+    assert not undescribed, f"fields `kubectl explain` shows as <no description>: {undescribed}"

@@ -68,10 +68,41 @@ def test_jetson_target_gets_runtime_class_tolerations_and_its_image():
     assert pod["containers"][0]["image"].endswith("-l4t")
 
 
-def test_a_target_may_opt_out_of_the_restricted_context():
+def test_a_target_may_opt_out_of_the_restricted_context_only_where_the_operator_allows_it(monkeypatch):
     target = SPEC.targets[0].model_copy(update={"allow_privileged": True})
-    job = render_job(run="c", namespace="n", uid="u", spec=SPEC, target=target, index=0, config={}, config_key="")
-    assert job["spec"]["template"]["spec"]["containers"][0]["securityContext"] == {}
+
+    def container():
+        job = render_job(run="c", namespace="n", uid="u", spec=SPEC, target=target, index=0, config={},
+                         config_key="")
+        return job["spec"]["template"]["spec"]["containers"][0]
+
+    monkeypatch.setenv("FLEETTUNE_ALLOW_PRIVILEGED_TRIALS", "true")
+    assert container()["securityContext"] == {}
+    # The run is refused before any Job is rendered; should one be rendered anyway, it is restricted.
+    monkeypatch.delenv("FLEETTUNE_ALLOW_PRIVILEGED_TRIALS")
+    assert container()["securityContext"]["privileged"] is False
+
+
+def test_long_run_names_give_valid_unique_labels_and_job_names():
+    import re
+
+    from fleettune.jobs import run_label, run_selector
+
+    long_a, long_b = "r" * 200 + "a", "r" * 200 + "b"
+    for run in (long_a, long_b, "x" * 63, "a." * 40 + "z"):
+        meta = render_job(run=run, namespace="n", uid="u", spec=SPEC, target=SPEC.targets[0], index=12345,
+                          config={}, config_key="")["metadata"]
+        label = meta["labels"][RUN_LABEL]
+        assert label == run_label(run) and len(label) <= 63
+        assert re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", label)
+        assert len(meta["name"]) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta["name"])
+        assert ".-" not in meta["name"] and meta["name"].endswith("-12345")
+        assert run_selector(run).endswith(f"={label}")
+    assert run_label(long_a) != run_label(long_b)
+    assert job_name(long_a, "a100", 1) != job_name(long_b, "a100", 1)
+    assert run_label("conv") == "conv"  # short names read (and select) as before
+    several = "t" * 24 + ".2147483647x2147483647x2147483647"
+    assert job_name("r" * 60, several, 3) != job_name("r" * 60, several, 4)
 
 
 def test_one_size_of_several_is_labelled_named_and_sent_with_its_size():

@@ -27,7 +27,8 @@ def test_target_status_counts_ranks_and_computes_speedup():
     st = target_status(name="a100", phase="Running", budget=40, records=RECORDS, running=3, default_key="default")
     assert (st.completed, st.valid, st.invalid, st.infra_failed, st.running) == (22, 21, 1, 1, 3)
     assert st.best.trial == 1 and st.best.objective_ms == 1.01
-    assert len(st.top) == TOP_K and len({tuple(t.config.items()) for t in st.top}) == TOP_K
+    assert len(st.top) == TOP_K and len({t.config for t in st.top}) == TOP_K
+    assert st.top[0].config == " ".join(f"{k}={v}" for k, v in st.best.config.items())
     assert st.default_ms == 2.0 and st.speedup == round(2.0 / 1.01, 3)
 
 

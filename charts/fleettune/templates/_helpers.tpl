@@ -45,10 +45,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
-# The results store (sharded ConfigMaps owned by the run).
+# The results store (sharded ConfigMaps owned by the run), published configurations, and
+# user kernel sources (watched: an edited source starts a new round at once).
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, create, update]
+  verbs: [get, list, watch, create, update]
 # kopf posts warnings as Events.
 - apiGroups: ["", events.k8s.io]
   resources: [events]

@@ -23,14 +23,22 @@ from fleettune import GROUP, PLURAL, VERSION, metrics
 from fleettune.controller.kube import EndedPods, Kube, WatchCache
 from fleettune.controller.tuner import RunLoop
 from fleettune.fingerprint import relevant_labels
-from fleettune.jobs import MANAGED_BY, RUN_LABEL
+from fleettune.jobs import MANAGED_BY, RUN_LABEL, run_label
+from fleettune.names import bounded
 
 IDLE_WAKEUP_S = 5.0
 FINISHED_WAKEUP_S = 300.0
+FAILED_BACKOFF_MAX_S = 60.0  # consecutive failed steps wait 5, 10, 20 ... up to this
 
 _wakers: dict[str, asyncio.Event] = {}
-_run_uids: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid of the runs being tuned
+# (namespace, run label) -> uid of the runs being tuned: trial Pods carry the run's label
+# value (jobs.run_label: the name, hashed when longer than a label value may be).
+_run_uids: dict[tuple[str, str], str] = {}
 _runs_seen: dict[str, tuple[Any, dict[str, str]]] = {}  # uid -> (generation, annotations) last woken for
+# (namespace, ConfigMap) -> uids of the runs whose kernel source it holds; those runs re-read
+# it when it changes (uids in _sources_changed), rather than minutes later.
+_sources: dict[tuple[str, str], set[str]] = {}
+_sources_changed: set[str] = set()
 _kube: Kube | None = None
 # Fed by job_event (whose filter is the managed-by label) and node_event below.
 _jobs = WatchCache(required={MANAGED_BY: "fleettune"})
@@ -102,6 +110,24 @@ async def node_event(name: str, event: dict[str, Any], body: kopf.Body, type: st
         waker.set()
 
 
+@kopf.on.event("", "v1", "configmaps")
+async def configmap_event(name: str, namespace: str, type: str | None, **_: Any) -> None:
+    for uid in _sources.get((namespace, name), ()):
+        _sources_changed.add(uid)
+        _wake(uid)
+
+
+def _track_source(uid: str, key: tuple[str, str] | None) -> None:
+    """Note which ConfigMap holds the run's kernel source now (None: none)."""
+    for other, uids in list(_sources.items()):
+        if other != key:
+            uids.discard(uid)
+            if not uids:
+                del _sources[other]
+    if key is not None:
+        _sources.setdefault(key, set()).add(uid)
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def run_event(uid: str, name: str, namespace: str, type: str | None, meta: kopf.Meta, **_: Any) -> None:
     if type == "DELETED":
@@ -121,22 +147,36 @@ async def run_event(uid: str, name: str, namespace: str, type: str | None, meta:
 async def tune(body: kopf.Body, uid: str, name: str, namespace: str, stopped: kopf.DaemonStopped,
                logger: logging.Logger, **_: Any) -> None:
     wake = _wakers.setdefault(uid, asyncio.Event())
-    _run_uids[(namespace, name)] = uid
+    key = (namespace, run_label(name))
+    _run_uids[key] = uid
     loop = RunLoop(kube(), body, logger, node_epoch)
+    failures = 0
     try:
         while not stopped:
             wake.clear()
+            if uid in _sources_changed:
+                _sources_changed.discard(uid)
+                loop.source_changed()
             try:
                 finished = await loop.step()
+                source = loop.spec.kernel.source if loop.spec is not None else None
+                _track_source(uid, (namespace, source.config_map) if source is not None else None)
+                failures = 0
             except Exception as exc:  # keep tuning after API hiccups; report and retry
-                logger.exception("tuning step failed: %s", exc)
+                failures += 1
+                logger.exception("tuning step failed: %s", bounded(exc, 500))
                 metrics.reconcile_error(body.metadata.namespace, body.metadata.name)
-                finished = False
+                # A step that keeps failing (a conflict, an apiserver refusing a write) backs
+                # off, not woken by events: those would only repeat the failure.
+                await stopped.wait(min(IDLE_WAKEUP_S * 2 ** (failures - 1), FAILED_BACKOFF_MAX_S))
+                continue
             # A finished run still wakes for spec edits, retune requests and node changes.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=FINISHED_WAKEUP_S if finished else IDLE_WAKEUP_S)
     finally:
         _wakers.pop(uid, None)
         _runs_seen.pop(uid, None)
-        if _run_uids.get((namespace, name)) == uid:
-            del _run_uids[(namespace, name)]
+        _sources_changed.discard(uid)
+        _track_source(uid, None)
+        if _run_uids.get(key) == uid:
+            del _run_uids[key]

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -38,6 +39,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
+from fleettune.names import bounded
 from fleettune.results import decisive_end
 
 log = logging.getLogger(__name__)
@@ -422,14 +424,51 @@ class Kube:
                 return None
             raise
 
-    def apply_config_map(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create or wholly replace: one write, so readers never see half an update."""
+    def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The whole ConfigMap (metadata and data) as a dict, or None when there is none."""
         try:
-            self.core.create_namespaced_config_map(namespace, body)
+            resp = self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
         except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self.core.replace_namespaced_config_map(body["metadata"]["name"], namespace, body)
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(resp.data)
+
+    def write_config_map(self, namespace: str, body: dict[str, Any], resource_version: str | None) -> str:
+        """Create (``resource_version`` None) or wholly replace the version read: one write, so
+        readers never see half an update, and never over a change made since the read (the
+        apiserver answers 409 and nothing is written). Returns the new resourceVersion."""
+        if resource_version is None:
+            resp = self.core.create_namespaced_config_map(namespace, body, _preload_content=False)
+        else:
+            body = {**body, "metadata": {**body["metadata"], "resourceVersion": resource_version}}
+            resp = self.core.replace_namespaced_config_map(body["metadata"]["name"], namespace, body,
+                                                           _preload_content=False)
+        return json.loads(resp.data)["metadata"]["resourceVersion"]
+
+    def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid): what
+        `kubectl describe` and `kubectl events` show. Best effort: an event is never worth
+        failing a step for."""
+        when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        namespace = involved["namespace"]
+        body = {
+            "metadata": {"generateName": f"{involved['name'][:200]}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type_,
+            "reason": bounded(reason, 128),
+            "message": bounded(message, 1024),
+            "source": {"component": "fleettune-operator"},
+            "reportingComponent": "fleettune.dev/operator",
+            "reportingInstance": "fleettune-operator",
+            "firstTimestamp": when,
+            "lastTimestamp": when,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(namespace, body, _preload_content=False)
+        except Exception as exc:
+            log.warning("posting event %s on %s failed: %s", reason, involved.get("name"), str(exc)[:200])
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(

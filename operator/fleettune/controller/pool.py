@@ -197,6 +197,18 @@ def warm_start_prior(pool: Pool, records: Iterable[TrialRecord]) -> list[tuple[d
     return prior
 
 
+def compute_capability(pool: Pool) -> str | None:
+    """The pool's GPU architecture: from its nodes' labels, else from the device catalog."""
+    if pool.current is not None and pool.current.fingerprint.compute_capability:
+        return pool.current.fingerprint.compute_capability
+    from fleettune.space import SpaceError, lookup_device
+
+    try:
+        return lookup_device(pool.device).cc if pool.device and pool.device != "unknown" else None
+    except SpaceError:
+        return None
+
+
 def make_study(spec: TuningRunSpec, pool: Pool, records: Iterable[TrialRecord]) -> None:
     from fleettune.optimize import Study
 

@@ -11,15 +11,18 @@ fitting run in worker threads.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from fleettune import GROUP, metrics
+from fleettune import GROUP, KIND, VERSION, metrics
+from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy
 from fleettune.api import TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.kube import Kube
 from fleettune.controller.pool import (
@@ -28,6 +31,7 @@ from fleettune.controller.pool import (
     SpecError,
     build_search,
     check_options,
+    compute_capability,
     current_fingerprint,
     make_study,
     matching_nodes,
@@ -42,17 +46,21 @@ from fleettune.fingerprint import (
     pinning_selector,
 )
 from fleettune.jobs import TARGET_LABEL, TRIAL_LABEL, render_job, run_selector, target_key, target_of_key
-from fleettune.publish import PublishedEntry, publish_plan, published_configmap
+from fleettune.kernelcheck import KernelSpecError, check_kernel, check_source_data, compile_check
+from fleettune.names import bounded, short_hash
+from fleettune.publish import PublishedEntry, not_ours, publish_plan, published_configmap
 from fleettune.results import TrialRecord, job_finished, record_from_job
-from fleettune.status import TOP_K, ranked, run_status, target_status
-from fleettune.store import ResultsStore, shard_name
+from fleettune.status import PUBLISH_REFUSED, TOP_K, fit_status, ranked, run_status, status_budget, target_status
+from fleettune.store import ResultsStore
 from fleettune_job.protocol import TRIAL_ENV, Trial
 
 ROUND_LABEL = f"{GROUP}/round"
 RETUNE_ANNOTATION = f"{GROUP}/retune-requested-at"
 NODE_RECHECK_S = 30.0
+SOURCE_RECHECK_S = 15.0
 NODES_MAX_AGE_S = 15.0
 PREDICT_EVERY_S = 30.0
+PUBLISH_RECHECK_S = 60.0
 
 __all__ = ["ROUND_LABEL", "RunLoop", "SpecError", "parse_spec"]
 
@@ -73,6 +81,12 @@ def parse_spec(raw: Mapping[str, Any]) -> TuningRunSpec:
     if not spec.kernel.sizes():  # the CRD's CEL rule says so; the model alone does not
         raise SpecError("spec.kernel.problemSize: set kernel.problemSize or kernel.problemSizes")
     return spec
+
+
+def retune_key(token: str) -> str:
+    """What status.lastHandledRetuneAt holds for a re-tune token: the token, or a hash of an
+    annotation too long to repeat in the status (compared the same way after a restart)."""
+    return token if len(token) <= 128 else f"sha256:{short_hash(token, 64)}"
 
 
 def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
@@ -121,7 +135,15 @@ class RunLoop:
         self.space_hash: str | None = None
         self.retune_token: str | None = None
         self.last_status: dict[str, Any] | None = None
+        self.spec_reason = "InvalidSpec"
+        # The published ConfigMap as last read or written: its data and resourceVersion (None:
+        # there is none), when it was read, and why it may not be written (None: it may).
         self.published: dict[str, str] | None = None
+        self.published_rv: str | None = None
+        self.published_read: tuple[str, float] | None = None
+        self.publish_problem: str | None = None
+        self.publish_error: str | None = None  # the last attempt failed (retried)
+        self.status_budget: tuple[Any, int] | None = None
         self.nodes: dict[str, Node] = {}
         self.nodes_read: tuple[int, float] | None = None
         # Per target: its nodes and fingerprint, until the nodes are read again (the sizes
@@ -130,6 +152,17 @@ class RunLoop:
         self.predictions: list[dict[str, Any]] = []
         self.predicted_for: tuple[Any, ...] | None = None
         self.loaded = False
+        # A user kernel's source, read from its ConfigMap once per spec generation.
+        self.source_text: str | None = None
+        self.source_read_at = -SOURCE_RECHECK_S
+        # SHA-256 of that source (trials carry it), and of a source that failed the checks:
+        # the run waits for it to change rather than re-checking it every step.
+        self.source_digest: str | None = None
+        self.source_failed: str | None = None
+        # Events to post with the next status write: (type, reason, message). Phases last
+        # announced, per target and for the run ("" key), so a transition is said once.
+        self.events: list[tuple[str, str, str]] = []
+        self.announced: dict[str, str] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -153,18 +186,30 @@ class RunLoop:
         previous = self._previous_status()
         if previous is not None:
             self.space_hash = previous.space_hash
+            self.source_digest = previous.source_digest
             self.retune_token = previous.last_handled_retune_at
+            # After a restart, what the status already says was announced before.
+            ready = next((c.reason for c in previous.conditions if c.type == "Ready"), "")
+            self.announced = {t.name: t.phase for t in previous.targets} | {"": f"{previous.phase}/{ready}"}
         self._restored = {t.name: t for t in (previous.targets if previous else [])}
         self.loaded = True
 
     def _configure(self) -> None:
         """(Re)read the spec: budgets and parallelism apply at once; a new search space starts new rounds."""
         self.spec_generation = self.generation
+        self.source_text, self.source_read_at, self.source_failed = None, -SOURCE_RECHECK_S, None
         try:
             self.spec = parse_spec(self.body["spec"])
+            check_kernel(self.spec)
             self.spec_error = None
-        except SpecError as exc:
-            self.spec, self.spec_error = None, str(exc)
+        except (SpecError, KernelSpecError) as exc:
+            self.spec, self.spec_error, self.spec_reason = None, str(exc), "InvalidSpec"
+            return
+        try:
+            check_node_selectors(self.spec)
+            check_trial_policy(self.spec, TrialPolicy.from_env())
+        except AdmissionError as exc:
+            self.spec, self.spec_error, self.spec_reason = None, str(exc), exc.reason
             return
         new_hash = space_hash(self.spec)
         space_changed = self.space_hash is not None and new_hash != self.space_hash
@@ -214,6 +259,7 @@ class RunLoop:
         pool.stale, pool.study, pool.prior_dropped = None, None, False
         pool.phase, pool.message = "Running", f"round {pool.round}: {reason}"
         self.log.info("%s: %s", pool.key, pool.message)
+        self.events.append(("Normal", "Retune", f"{pool.key}: {pool.message}"))
 
     async def _refresh_nodes(self) -> None:
         epoch, now = self.node_epoch(), time.monotonic()
@@ -240,7 +286,8 @@ class RunLoop:
                 pool.phase = "Unschedulable"
                 pool.next_check = loop_time + NODE_RECHECK_S
                 why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
-                pool.message = f"{why} spec.targets[{pool.spec.name}].nodeSelector {pool.spec.node_selector}"
+                selector = bounded(pool.spec.node_selector, 300)
+                pool.message = f"{why} spec.targets[{pool.spec.name}].nodeSelector {selector}"
             return False
         if pool.phase == "Unschedulable":
             pool.phase, pool.message = "Running", ""
@@ -258,12 +305,12 @@ class RunLoop:
 
     def _retune_requested(self) -> None:
         token = (self.body["metadata"].get("annotations") or {}).get(RETUNE_ANNOTATION)
-        if token and token != self.retune_token:
+        if token and retune_key(token) != self.retune_token:
             if self.retune_token is not None or self.last_status is not None or self._restored:
                 for pool in self.pools.values():
                     if pool.phase != "Unschedulable":
-                        self._new_round(pool, f"re-tune requested ({token})")
-            self.retune_token = token
+                        self._new_round(pool, f"re-tune requested ({bounded(token, 64)})")
+            self.retune_token = retune_key(token)
 
     # ------------------------------------------------------------------ one step
 
@@ -275,8 +322,18 @@ class RunLoop:
         if self.spec_generation != self.generation:
             self._configure()
         if self.spec is None:
-            await self._write_status("Failed", [], "InvalidSpec", self.spec_error or "invalid spec")
+            await self._write_status("Failed", [], self.spec_reason, self.spec_error or "invalid spec")
             return True
+        if self.spec.kernel.source is not None:
+            problem = await self._read_source()
+            if problem is not None:
+                # The ConfigMap may be applied after the run (GitOps order): wait for it.
+                await self._write_status("Pending", [], "SourceNotFound", problem)
+                return False
+            if self.source_failed == self.source_digest:
+                # It did not compile: wait (polling) for the user to fix it.
+                await self._write_status("Failed", [], "InvalidSpec", self.spec_error or "invalid kernel source")
+                return False
         self._retune_requested()
         await self._refresh_nodes()
         loop_time = asyncio.get_running_loop().time()
@@ -292,7 +349,7 @@ class RunLoop:
                 except SpecError as exc:
                     self.spec_error = str(exc)
                     await self._write_status("Failed", [], "InvalidSpec", str(exc))
-                    return True
+                    return self.source_failed is None  # a kernel source that failed: poll for its fix
                 except Exception as exc:  # never retry a broken pool forever: fail it, say why
                     self.log.exception("%s: cannot build its search", pool.key)
                     pool.phase, pool.message = "Failed", f"cannot build the search space: {exc}"[:500]
@@ -306,11 +363,42 @@ class RunLoop:
         # The next trials first: the finished Jobs' records are durable, their deletion can wait.
         await self._delete_jobs(finished_jobs)
         await self._predict()
-        finished = await self._report(running)
+        # Publishing first: a refusal shows in the status written just after.
         await self._publish()
+        finished = await self._report(running)
         # A recorded Job that the Job controller has not marked done yet is deleted on a
         # later step: poll for it rather than wait for a finished run's long wake-up.
         return finished and not settling
+
+    def source_changed(self) -> None:
+        """The source's ConfigMap changed: read it again at the next step."""
+        self.source_read_at = -SOURCE_RECHECK_S
+
+    async def _read_source(self) -> str | None:
+        """(Re)read the user kernel's source, at most every SOURCE_RECHECK_S: the problem, or
+        None. An edited source is another kernel: every pool starts a new round."""
+        assert self.spec is not None and self.spec.kernel.source is not None
+        now = time.monotonic()
+        if now - self.source_read_at < SOURCE_RECHECK_S:
+            return None if self.source_text is not None else self.spec_error or "waiting for the kernel source"
+        self.source_read_at = now
+        ref = self.spec.kernel.source
+        data = await asyncio.to_thread(self.kube.read_config_map, self.namespace, ref.config_map)
+        try:
+            text = check_source_data(self.spec, data)
+        except KernelSpecError as exc:
+            self.source_text, self.spec_error = None, str(exc)
+            return self.spec_error
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if self.source_digest is not None and digest != self.source_digest:
+            for pool in self.pools.values():
+                if self.source_failed is None:
+                    self._new_round(pool, "the kernel source changed")
+                else:  # the fix of a source that did not compile: this round never started
+                    pool.phase, pool.message, pool.study = "Pending", "", None
+            self.source_failed = None
+        self.source_text, self.source_digest, self.spec_error = text, digest, None
+        return None
 
     async def _predict(self) -> None:
         """Recommendations for spec.predictFor from the tuned sizes, refreshed when results
@@ -371,6 +459,11 @@ class RunLoop:
         check_options(self.spec)
         where = f"spec.targets[{[t.name for t in self.spec.targets].index(pool.spec.name)}]"
         build_search(self.spec, pool, product_of(pool, matching_nodes(self.nodes, pool.spec)), where)
+        if self.source_text is not None:
+            problem = compile_check(self.spec, self.source_text, compute_capability(pool), pool.problem_size)
+            if problem is not None:
+                self.source_failed = self.source_digest
+                raise SpecError(f"{problem} (target {pool.key})")
         make_study(self.spec, pool, self.store.records)
         if pool.round_started is None:
             # A later size's round began with the target's first size: one deadline for all.
@@ -428,6 +521,9 @@ class RunLoop:
                     "trial %s/%d: %s%s", rec.target, rec.index, rec.outcome.value,
                     f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",
                 )
+                if not rec.is_observation:
+                    self.events.append(("Warning", "InfraFailure", f"{rec.target} trial {rec.index}: "
+                                        f"{bounded(rec.error, 400) or 'no result'} (retried; not counted as a result)"))
         return running, finished, settling
 
     async def _pods_of(self, job: dict[str, Any], ended: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -468,8 +564,11 @@ class RunLoop:
         observations = sum(r.is_observation for r in records)
         infra = len(records) - observations
         if infra > budget.max_infra_failures:
+            # The cause is in the Pods' results, which are gone with their Jobs: say it here.
+            last = next((r.error for r in reversed(records) if not r.is_observation and r.error), "")
             await self._stop(pool, running, "Failed", f"{infra} infrastructure failures "
-                             f"(budget.maxInfraFailures={budget.max_infra_failures})")
+                             f"(budget.maxInfraFailures={budget.max_infra_failures})"
+                             + (f"; the last: {bounded(last, 400)}" if last else ""))
             return
         elapsed = time.time() - (pool.round_started or time.time())
         if budget.deadline_seconds and elapsed > budget.deadline_seconds:
@@ -525,7 +624,7 @@ class RunLoop:
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
                 index=index + i, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
-                key=pool.key, problem_size=pool.problem_size,
+                key=pool.key, problem_size=pool.problem_size, source_digest=self.source_digest,
             )
             body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
             bodies.append(body)
@@ -553,6 +652,11 @@ class RunLoop:
             if pool.round_started:
                 update["round_started_at"] = _iso(pool.round_started)
             targets.append(status.model_copy(update=update))
+        for t in targets:
+            if self.announced.get(t.name, "Pending") != t.phase:
+                self.announced[t.name] = t.phase
+                kind = "Warning" if t.phase in ("Failed", "Unschedulable") else "Normal"
+                self.events.append((kind, f"Target{t.phase}", f"{t.name}: {t.message or t.phase}"))
         finished = all(p.done for p in self.pools.values())
         if finished:
             failed = all(p.phase == "Failed" for p in self.pools.values())
@@ -567,27 +671,64 @@ class RunLoop:
 
     async def _write_status(self, phase: str, targets: list[TargetStatus], reason: str, message: str) -> None:
         results = {
-            "configMapPrefix": shard_name(self.name, 0).rsplit("-", 1)[0],
+            "configMapPrefix": self.store.prefix,
             "shards": self.store.shards,
             "records": len(self.store.records),
         }
         extra = {
             "space_hash": self.space_hash,
+            "source_digest": self.source_digest,
             "last_handled_retune_at": self.retune_token,
-            "published": self.spec.publish.config_map_name if self.spec and self.spec.publish else None,
+            "published": self.spec.publish.config_map_name if self.publish_condition() == (True, "Published", "")
+            else None,
             "predictions": self.predictions,
         }
         status = run_status(
             previous=self._previous_status(), generation=self.generation, phase=phase, targets=targets,
-            results=results, reason=reason, message=message, extra=extra,
+            results=results, reason=reason, message=message, extra=extra, published=self.publish_condition(),
         ).model_dump(by_alias=True, exclude_none=True, mode="json")
+        # Whatever the spec holds, the status must fit beside it in etcd: a status that
+        # cannot be written shows nothing, not even why.
+        if self.status_budget is None or self.status_budget[0] != self.generation:
+            self.status_budget = (self.generation, status_budget(dict(self.body)))
+        status = fit_status(status, self.status_budget[1])
         metrics.observe_status(
             self.namespace, self.name, status, parallelism=self.spec.budget.parallelism if self.spec else None
         )
+        if self.announced.get("") != f"{phase}/{reason}":
+            self.announced[""] = f"{phase}/{reason}"
+            kind = "Warning" if phase == "Failed" or reason in ("InvalidSpec", "SourceNotFound") else "Normal"
+            self.events.append((kind, reason, message))
+        await self._post_events()
         if status == self.last_status:
             return
-        await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)
+        try:
+            await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)
+        except ApiException as exc:
+            if exc.status not in (400, 413, 422) and "too large" not in str(exc.body):
+                raise
+            # Refused (too large, or out of schema): a status that says so, rather than no
+            # status and a traceback every step.
+            self.log.error("status of %s refused by the API server: %s", self.name, bounded(exc.body, 500))
+            ready = {"type": "Ready", "status": "False", "reason": "StatusRejected",
+                     "message": bounded(f"the status could not be written: {exc.reason}: {exc.body}"),
+                     "observedGeneration": self.generation}
+            status = {"phase": status.get("phase"), "observedGeneration": self.generation, "conditions": [ready]}
+            if status == self.last_status:
+                return
+            await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)
         self.last_status = status
+
+    async def _post_events(self) -> None:
+        events, self.events = self.events, []
+        if not events:
+            return
+        meta = self.body["metadata"]
+        involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.name,
+                    "namespace": self.namespace, "uid": self.uid, "resourceVersion": meta.get("resourceVersion")}
+        involved = {k: v for k, v in involved.items() if v}
+        await asyncio.gather(*(asyncio.to_thread(self.kube.post_event, involved, kind, reason, message)
+                               for kind, reason, message in events))
 
     def _entries(self) -> list[PublishedEntry]:
         assert self.spec is not None
@@ -602,23 +743,65 @@ class RunLoop:
                 ))
         return out
 
-    async def _publish(self) -> None:
-        """Write the best configuration per pool to the named ConfigMap, only when it improves."""
+    def publish_condition(self) -> tuple[bool, str, str] | None:
+        """The `Published` condition: None when the run does not publish."""
         if self.spec is None or self.spec.publish is None:
+            return None
+        if self.publish_problem is not None:
+            return False, PUBLISH_REFUSED, self.publish_problem
+        if self.publish_error is not None:
+            return False, "PublishFailed", self.publish_error
+        if self.published_rv is None:
+            return False, "NothingYet", "no result to publish yet"
+        return True, "Published", ""
+
+    async def _read_published(self, name: str) -> None:
+        cm = await asyncio.to_thread(self.kube.get_config_map, self.namespace, name)
+        self.published_read = (name, time.monotonic())
+        self.publish_problem = not_ours(cm["metadata"], self.name) if cm is not None else None
+        if cm is None or self.publish_problem is not None:
+            self.published, self.published_rv = None, None
+        else:
+            self.published, self.published_rv = cm.get("data") or {}, cm["metadata"]["resourceVersion"]
+
+    async def _publish(self) -> None:
+        """Write the best configuration per pool to the named ConfigMap, only when it improves,
+        and only into a ConfigMap this run created or publishes into (`publish.not_ours`):
+        any other is left untouched and the refusal shown in the `Published` condition."""
+        if self.spec is None or self.spec.publish is None:
+            self.publish_problem = None
             return
         target = self.spec.publish
-        if self.published is None:
-            self.published = await asyncio.to_thread(self.kube.read_config_map, self.namespace, target.config_map_name)
-        data = publish_plan(self.name, self.published, self._entries(), pools={t.name for t in self.spec.targets})
-        if data is None:
+        name = target.config_map_name
+        last = self.published_read
+        try:
+            # Read again now and then: the ConfigMap may have been deleted, or a refused name freed.
+            if last is None or last[0] != name or time.monotonic() - last[1] > PUBLISH_RECHECK_S:
+                await self._read_published(name)
+            if self.publish_problem is not None:
+                return
+            data = publish_plan(self.name, self.published, self._entries(), pools={t.name for t in self.spec.targets})
+            if data is None:
+                self.publish_error = None
+                return
+            body = published_configmap(
+                self.name, self.namespace, None if target.retain_on_delete else self.uid, [],
+                name=name, run_uid=self.uid,
+            )
+            body["data"] = data
+            # Only over the version read: a ConfigMap created or changed since is read (and
+            # judged) again on the next step instead of being overwritten.
+            rv = await asyncio.to_thread(self.kube.write_config_map, self.namespace, body, self.published_rv)
+        except ApiException as exc:
+            self.published_read = None
+            if exc.status not in (404, 409):
+                self.publish_error = f"writing ConfigMap {name}: {exc.status} {bounded(exc.reason, 200)}"
+                self.log.warning("publishing to ConfigMap %s failed: %s", name, bounded(exc, 300))
             return
-        body = published_configmap(
-            self.name, self.namespace, None if target.retain_on_delete else self.uid, [],
-            name=target.config_map_name,
-        )
-        body["data"] = data
-        await asyncio.to_thread(self.kube.apply_config_map, self.namespace, body)
-        self.published = data
-        self.log.info("published the best configurations to ConfigMap %s", target.config_map_name)
+        except ValueError as exc:  # more than a ConfigMap holds
+            self.publish_error = f"spec.publish.configMapName: {bounded(exc, 300)}"
+            return
+        self.published, self.published_rv, self.publish_error = data, rv, None
+        self.log.info("published the best configurations to ConfigMap %s", name)
 
 

@@ -123,9 +123,12 @@ def compile_options(trial: Trial) -> list[str]:
     (plus, for source implementing a built-in's interface, that interface's defaults and
     problem defines). Raises ValueError for a value that cannot be a compile-time constant."""
     from fleettune_job.kernels.base import as_int, define_value
+    from fleettune_job.prepare import user_options
 
-    defines: dict[str, Any] = dict(trial.config)
     problem_size = [int(n) for n in trial.problem_size]
+    if trial.kernel.arguments is not None:  # a kernel with its own interface: the job's own defines
+        return list(user_options(trial.config, problem_size))
+    defines: dict[str, Any] = dict(trial.config)
     builtin = trial.kernel.builtin
     if builtin:
         from fleettune_job.kernels import BUILTINS

@@ -229,6 +229,16 @@ def _check_unique(param_type: str, values: list[Any], where: str) -> None:
         seen[key] = i
 
 
+def _integral(v: Any, where: str) -> Any:
+    """A float holding an integer as that int (others unchanged, for the caller's checks);
+    a finite float with a fraction is an error naming the field."""
+    if isinstance(v, float) and math.isfinite(v):
+        if not v.is_integer():
+            raise SpaceError(where, f"expected an integer (an integer parameter's range), got {v!r}")
+        return int(v)
+    return v
+
+
 def _range_values(spec: Any, ptype: str, where: str) -> list[Any]:
     if not isinstance(spec, dict):
         raise SpaceError(where, "expected an object {min, max, step}")
@@ -239,6 +249,10 @@ def _range_values(spec: Any, ptype: str, where: str) -> list[Any]:
     if lo is None or hi is None:
         raise SpaceError(where, "a range needs both 'min' and 'max'")
     check = _is_int if ptype == "integer" else _is_number
+    if ptype == "integer":
+        # The CRD's range is `type: number` (shared with real parameters), so a manifest's
+        # 1 arrives as 1.0: a float without a fractional part is that integer.
+        lo, hi, step = (_integral(v, f"{where}.{key}") for key, v in (("min", lo), ("max", hi), ("step", step)))
     for key, v in (("min", lo), ("max", hi)):
         if not check(v):
             want = "an integer" if ptype == "integer" else "a number"
@@ -253,13 +267,17 @@ def _range_values(spec: Any, ptype: str, where: str) -> list[Any]:
         raise SpaceError(f"{where}.step", f"the step must be a positive {want}, got {step!r}")
     if lo > hi:
         raise SpaceError(where, f"min ({lo}) is greater than max ({hi})")
-    span = (hi - lo) / step
-    if not math.isfinite(lo) or not math.isfinite(hi) or not math.isfinite(span):
-        raise SpaceError(where, f"the range [{lo}, {hi}] with step {step} is not finite; use finite bounds "
-                                "and a larger step")
-    count = math.floor(span + 1e-9) + 1
+    if ptype == "integer":
+        count = (hi - lo) // step + 1  # exact: integer bounds up to 1e308 overflow a float span
+    else:
+        span = (hi - lo) / step
+        if not math.isfinite(lo) or not math.isfinite(hi) or not math.isfinite(span):
+            raise SpaceError(where, f"the range [{lo}, {hi}] with step {step} is not finite; use finite bounds "
+                                    "and a larger step")
+        count = math.floor(span + 1e-9) + 1
     if count > MAX_VALUES:
-        raise SpaceError(where, f"the range has {count} values, more than the supported {MAX_VALUES}; "
+        amount = str(count) if count < 10**15 else f"about 10^{len(str(count)) - 1}"
+        raise SpaceError(where, f"the range has {amount} values, more than the supported {MAX_VALUES}; "
                                 "use a larger step")
     if ptype == "integer":
         return list(range(lo, hi + 1, step))

@@ -84,6 +84,31 @@ def test_default_install(chart: Helm) -> None:
     assert not by_kind(docs, "ServiceMonitor")  # needs the Prometheus Operator: opt-in
 
 
+def _mib(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+def test_default_memory_is_set_from_the_measurement(chart: Helm) -> None:
+    """`fleettune bench memory` (docs/memory.md): the largest run measured, 24 targets over
+    spaces of 1.9 million configurations, peaked at 1037 MiB with torch's CUDA build (the
+    image's CPU build is smaller); the demo stays near 800 MiB with it, about 550 MiB without."""
+    res = container(chart.template())["resources"]
+    request, limit = _mib(res["requests"]["memory"]), _mib(res["limits"]["memory"])
+    assert limit >= 1.4 * 1037, "the limit must leave headroom above the largest measured run"
+    assert 550 <= request <= limit
+
+
+def test_trial_policy_is_off_by_default_and_set_from_values(chart: Helm) -> None:
+    """Privileged trials and images beyond the job image's repository are the admin's to allow."""
+    env = {e["name"]: e.get("value") for e in container(chart.template())["env"]}
+    assert env["FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"] == "false" and "FLEETTUNE_ALLOWED_IMAGES" not in env
+    sets = ("trialPolicy.allowPrivileged=true", "trialPolicy.allowedImages={docker.io/library/alpine,reg.local/}")
+    env = {e["name"]: e.get("value") for e in container(chart.template(sets=sets))["env"]}
+    assert env["FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"] == "true"
+    assert env["FLEETTUNE_ALLOWED_IMAGES"] == "docker.io/library/alpine,reg.local/"
+
+
 def test_crd_is_the_generated_one_with_a_keep_policy(chart: Helm) -> None:
     crd = one(chart.template(), "CustomResourceDefinition")
     generated = yaml.safe_load((ROOT / "crds" / "tuningrun.yaml").read_text())
@@ -122,7 +147,7 @@ def test_namespaced_rbac(chart: Helm) -> None:
     role_rules = _rules(docs, "Role")
     assert _grants(role_rules, "jobs") == {"get", "list", "watch", "create", "delete"}
     assert _grants(role_rules, "tuningruns/status") == {"get", "patch"}
-    assert _grants(role_rules, "configmaps") == {"get", "list", "create", "update"}
+    assert _grants(role_rules, "configmaps") == {"get", "list", "watch", "create", "update"}
     assert _grants(role_rules, "pods") == {"get", "list", "watch"}
     # Cluster-wide, only reads of cluster-scoped objects: no write anywhere else.
     cluster_rules = _rules(docs, "ClusterRole")
@@ -134,6 +159,8 @@ def test_namespaced_rbac(chart: Helm) -> None:
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
     env = {e["name"]: e.get("value") for e in container(docs)["env"]}
     assert env["FLEETTUNE_JOB_IMAGE"] == "registry.example/mirror/fleettune-job:0.1.0"
+    assert env["FLEETTUNE_ALLOWED_IMAGES"] == "registry.example/gpu-kernels/,ghcr.io/fleettune/job"
+    assert env["FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"] == "false"
     assert container(docs)["image"].startswith("ghcr.io/fleettune/operator@sha256:0123")
 
 
@@ -209,6 +236,9 @@ def test_minimal(chart: Helm) -> None:
         (("replicaCount=2",), "peering"),  # two operators without peering would duplicate Jobs
         (("watchNamespaces={Team_A}",), "watchNamespaces"),
         (("metrics.serviceMonitor.interval=often",), "interval"),
+        (("trialPolicy.allowPriviledged=true",), "allowPriviledged"),
+        (("trialPolicy.allowPrivileged=yes",), "allowPrivileged"),
+        (("trialPolicy.allowedImages={a b}",), "allowedImages"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(chart: Helm, sets: tuple[str, ...], message: str) -> None:

@@ -170,3 +170,12 @@ def test_verification_without_arguments_is_refused() -> None:
                   kernel=KernelRef(builtin="scan", verification=Verification(reference_config={})))
     with pytest.raises(TrialSpecError, match=r"kernel\.verification applies to user kernels"):
         prepare(trial)
+
+
+def test_a_source_edited_since_the_operator_checked_it_is_not_the_configurations_fault(tmp_path: Path) -> None:
+    import hashlib
+
+    checked = hashlib.sha256(SOURCE.encode()).hexdigest()
+    assert prepared(tmp_path, source_sha256=checked).candidate.function == "saxpy"
+    err = _raises(tmp_path, TrialSpecError, "changed since the run checked it", source_sha256="0" * 64)
+    assert err.outcome == Outcome.INFRA_ERROR

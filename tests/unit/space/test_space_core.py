@@ -161,3 +161,18 @@ def test_device_only_constraints():
     with pytest.raises(SpaceError, match="NVIDIA T4 does not satisfy") as info:
         SearchSpace.from_spec(params, ["a >= 0", "device.compute_capability >= 80"], t4)
     assert info.value.field == "constraints[1]"
+
+
+def test_enumerate_into_a_narrow_index_type():
+    """Studies enumerate large spaces straight into one byte per parameter (issue 21)."""
+    space = SearchSpace.from_spec(
+        [{"name": "a", "type": "integer", "range": {"min": 0, "max": 299}},
+         {"name": "b", "type": "ordinal", "values": [1, 2, 4, 8]}],
+        ["a % b == 0"],
+    )
+    wide = space.enumerate()
+    narrow = space.enumerate(dtype=np.uint16)
+    assert wide.dtype == np.int32 and narrow.dtype == np.uint16 and np.array_equal(wide, narrow)
+    assert np.array_equal(space.enumerate(limit=7, dtype=np.uint16), wide[:7])
+    with pytest.raises(SpaceError, match="cannot hold"):
+        space.enumerate(dtype=np.uint8)  # 300 values of a

@@ -1,0 +1,153 @@
+"""What the operator lets a TuningRun put into its trial Jobs (pure).
+
+A TuningRun author can create Jobs only through the operator, with the operator's rights:
+so which images trials may run and whether they may run privileged is the cluster
+admin's decision, made in the operator's own configuration (environment variables the
+Helm chart sets from ``trialPolicy`` values), never the run's:
+
+* ``FLEETTUNE_ALLOW_PRIVILEGED_TRIALS`` (``true``/``false``, default false):
+  ``spec.targets[].allowPrivileged`` is refused unless it is true;
+* ``FLEETTUNE_ALLOWED_IMAGES``: comma-separated image patterns a run may name in
+  ``spec.jobTemplate.image`` or ``spec.targets[].image``. A pattern with ``*``/``?``/``[``
+  is a glob over the whole reference; one ending in ``/`` allows every repository under
+  it; anything else is a repository (any tag or digest of exactly it). The repository of
+  the operator's own job image (``FLEETTUNE_JOB_IMAGE``) is always allowed, and is all
+  that is allowed when the variable is unset.
+
+Also here: node selectors the API server would refuse in a Pod (an invalid label key or
+value can match no node and would only make every Job creation fail).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fleettune.api import TuningRunSpec
+from fleettune.names import bounded
+
+ALLOW_PRIVILEGED_ENV = "FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"
+ALLOWED_IMAGES_ENV = "FLEETTUNE_ALLOWED_IMAGES"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class AdmissionError(ValueError):
+    """A run the operator will not turn into Jobs; the message names the field. ``reason`` is
+    the Ready condition's: Forbidden (the operator's configuration does not allow it) or
+    InvalidSpec (it cannot work)."""
+
+    def __init__(self, message: str, reason: str = "Forbidden") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def repository(image: str) -> str:
+    """The image reference without its tag or digest (``host:5000/a/b:1.0`` → ``host:5000/a/b``)."""
+    ref = image.split("@", 1)[0]
+    slash = ref.rfind("/")
+    colon = ref.rfind(":")
+    return ref[:colon] if colon > slash else ref
+
+
+def _has_host(image: str) -> bool:
+    first, sep, _ = image.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost")
+
+
+def normalize(image: str) -> str:
+    """Docker's short forms spelled out, so that ``alpine`` and ``docker.io/library/alpine``
+    are one image to the allow-list (and cannot slip past it by spelling)."""
+    image = image.strip()
+    if not _has_host(image):
+        image = f"docker.io/{image}"
+    if image.startswith("index.docker.io/"):
+        image = "docker.io/" + image.removeprefix("index.docker.io/")
+    if image.startswith("docker.io/") and "/" not in image.removeprefix("docker.io/"):
+        image = "docker.io/library/" + image.removeprefix("docker.io/")
+    return image
+
+
+@dataclass(frozen=True)
+class TrialPolicy:
+    allow_privileged: bool = False
+    allowed_images: tuple[str, ...] = ()
+    job_image: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrialPolicy:
+        from fleettune.jobs import default_job_image
+
+        env = os.environ if env is None else env
+        raw = env.get(ALLOW_PRIVILEGED_ENV, "").strip().lower()
+        if raw not in _TRUE | _FALSE:
+            # A typo must not open the door: anything but a clear "true" is false.
+            raw = "false"
+        patterns = tuple(p.strip() for p in env.get(ALLOWED_IMAGES_ENV, "").split(",") if p.strip())
+        job_image = env.get("FLEETTUNE_JOB_IMAGE") or default_job_image()
+        return cls(allow_privileged=raw in _TRUE, allowed_images=patterns, job_image=job_image)
+
+    def image_allowed(self, image: str) -> bool:
+        wanted = normalize(image)
+        for pattern in (repository(self.job_image), *self.allowed_images):
+            if any(c in pattern for c in "*?["):
+                if fnmatch.fnmatchcase(image, pattern) or fnmatch.fnmatchcase(wanted, normalize(pattern)):
+                    return True
+            elif pattern.endswith("/"):
+                prefix = pattern if _has_host(pattern) else normalize(pattern + "x")[:-1]
+                if wanted.startswith(prefix):
+                    return True
+            elif repository(wanted) == normalize(repository(pattern)):
+                return True
+        return False
+
+    def describe(self) -> str:
+        allowed = [repository(self.job_image), *self.allowed_images]
+        return ", ".join(dict.fromkeys(allowed))
+
+
+def check_trial_policy(spec: TuningRunSpec, policy: TrialPolicy) -> None:
+    """Raise AdmissionError naming the first field that asks for more than ``policy`` allows."""
+    template = spec.job_template.image
+    if template and not policy.image_allowed(template):
+        raise AdmissionError(f"spec.jobTemplate.image: image {bounded(template, 200)!r} is not allowed by the "
+                          f"operator's configuration (allowed: {bounded(policy.describe(), 300)}; the chart "
+                          "value trialPolicy.allowedImages)")
+    for i, target in enumerate(spec.targets):
+        if target.allow_privileged and not policy.allow_privileged:
+            raise AdmissionError(f"spec.targets[{i}].allowPrivileged: privileged trials are disabled by the "
+                              "operator's configuration (the chart value trialPolicy.allowPrivileged)")
+        if target.image and not policy.image_allowed(target.image):
+            raise AdmissionError(f"spec.targets[{i}].image: image {bounded(target.image, 200)!r} is not allowed "
+                              f"by the operator's configuration (allowed: {bounded(policy.describe(), 300)}; "
+                              "the chart value trialPolicy.allowedImages)")
+
+
+def _label_key_problem(key: str) -> str | None:
+    prefix, sep, name = key.rpartition("/")
+    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return "its prefix is not a DNS subdomain"
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return "not a valid label key (at most 63 characters: letters, digits, '-', '_', '.')"
+    return None
+
+
+def check_node_selectors(spec: TuningRunSpec) -> None:
+    """A node selector that is not made of valid label keys and values matches no node, and
+    the API server refuses a Job that carries it: say so once, naming the field."""
+    for i, target in enumerate(spec.targets):
+        for key, value in (target.node_selector or {}).items():
+            where = f"spec.targets[{i}].nodeSelector"
+            if (problem := _label_key_problem(key)) is not None:
+                raise AdmissionError(f"{where}: key {bounded(key, 100)!r}: {problem}", "InvalidSpec")
+            if len(value) > 63 or not _LABEL_VALUE.match(value):
+                raise AdmissionError(f"{where}: the value of {bounded(key, 100)!r} ({bounded(value, 80)!r}, "
+                                  f"{len(value)} characters) is not a valid label value (at most 63 characters: "
+                                  "letters, digits, '-', '_', '.')", "InvalidSpec")

@@ -1,0 +1,126 @@
+"""What the operator can check about a run's kernel before it starts any Job (pure).
+
+A Job that cannot work costs a Pod start and a GPU slot, and ends as an
+"infrastructure failure" whose cause only the Pod knows. So the operator checks up
+front, with the same expression evaluator and compiler the job uses: the built-in
+exists; every expression of a user kernel parses and evaluates with the default
+configuration for each problem size; the source ConfigMap and its keys exist; and the
+source compiles (NVRTC, ptxas included, no GPU needed) for each pool's architecture and
+defines the kernel. Each problem names the field (``spec.kernel.source.arguments[1].length:
+…``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from fleettune.api import TuningRunSpec
+from fleettune_job.expressions import ExpressionError, evaluate, geometry
+
+# A compute capability for the syntax-and-entry check of a pool whose GPU is unknown.
+FALLBACK_CC = "7.5"
+
+
+class KernelSpecError(ValueError):
+    """A problem of the kernel's spec; the message starts with the field's path."""
+
+
+def check_kernel(spec: TuningRunSpec) -> None:
+    """Checks that need no cluster: the built-in's name, and every expression of a user
+    kernel evaluated for each problem size (lengths with no parameters, the rest with
+    the default configuration)."""
+    kernel = spec.kernel
+    if kernel.builtin is not None:
+        from fleettune_job.kernels import BUILTINS
+
+        if kernel.builtin not in BUILTINS:
+            raise KernelSpecError(f"spec.kernel.builtin: unknown built-in kernel {kernel.builtin!r} "
+                                  f"(known: {', '.join(sorted(BUILTINS))})")
+        return
+    source = kernel.source
+    assert source is not None
+    config = _numeric(kernel.default_config or {})
+    for size in kernel.sizes():
+        where = f" for problem size {list(size)}" if len(kernel.sizes()) > 1 else ""
+        for what, exprs in (("grid", source.grid), ("block", source.block)):
+            try:
+                dims = geometry(exprs, config, size, what)
+            except ExpressionError as exc:
+                raise KernelSpecError(f"spec.kernel.source.{what}: {exc}{where}") from None
+            if min(dims) < 1:
+                raise KernelSpecError(f"spec.kernel.source.{what}: {list(dims)} with kernel.defaultConfig{where}: "
+                                      "every dimension must be at least 1")
+        for i, arg in enumerate(source.arguments):
+            field = f"spec.kernel.source.arguments[{i}]"
+            if arg.kind == "array" and arg.length is not None:
+                try:
+                    n = evaluate(arg.length, {}, size)
+                except ExpressionError as exc:
+                    raise KernelSpecError(f"{field}.length: {exc} (lengths may use problem_size only){where}") from None
+                if isinstance(n, bool) or not float(n).is_integer() or n < 1:
+                    raise KernelSpecError(f"{field}.length: {arg.length!r} is {n!r}{where}: a length must be a "
+                                          "positive integer")
+            elif arg.kind == "scalar" and arg.value is not None:
+                try:
+                    evaluate(arg.value, config, size)
+                except ExpressionError as exc:
+                    raise KernelSpecError(f"{field}.value: {exc}{where}") from None
+
+
+def check_source_data(spec: TuningRunSpec, data: Mapping[str, str] | None) -> str:
+    """The source text from its ConfigMap's data (None: the ConfigMap does not exist)."""
+    source = spec.kernel.source
+    assert source is not None
+    if data is None:
+        raise KernelSpecError(f"spec.kernel.source.configMap: ConfigMap {source.config_map!r} not found "
+                              "in the run's namespace")
+    if source.key not in data:
+        raise KernelSpecError(f"spec.kernel.source.key: ConfigMap {source.config_map!r} has no key "
+                              f"{source.key!r} (keys: {', '.join(sorted(data)[:10]) or 'none'})")
+    for i, arg in enumerate(source.arguments):
+        if arg.init == "data" and arg.data_key and arg.data_key not in data:
+            raise KernelSpecError(f"spec.kernel.source.arguments[{i}].dataKey: ConfigMap {source.config_map!r} "
+                                  f"has no key {arg.data_key!r}")
+    return data[source.key]
+
+
+def compile_check(spec: TuningRunSpec, source_text: str, compute_capability: str | None,
+                  problem_size: Sequence[int]) -> str | None:
+    """None when the source compiles for the GPU with the default configuration and
+    defines the kernel; else the problem, naming the field. None also when no compiler
+    is installed (the Job then reports compile errors itself)."""
+    from fleettune_job import nvrtc
+
+    source = spec.kernel.source
+    assert source is not None
+    if not nvrtc.available():
+        return None
+    from fleettune_job.prepare import user_options
+
+    try:
+        options = user_options(spec.kernel.default_config or {}, problem_size)
+    except ValueError as exc:
+        return f"spec.kernel.defaultConfig: {exc}"
+    cc = compute_capability or FALLBACK_CC
+    problem = _cached_check(source_text, options, source.function, cc)
+    if problem is None and source.verification.reference_function:
+        problem = _cached_check(source_text, options, source.verification.reference_function, cc)
+        if problem is not None:
+            return f"spec.kernel.source.verification.referenceFunction: {problem}"
+    if problem is None:
+        return None
+    arch = f"sm_{cc.replace('.', '')}" + ("" if compute_capability else " (the pool's GPU is unknown)")
+    return f"spec.kernel.source: with kernel.defaultConfig, for {arch}: {problem}"
+
+
+@lru_cache(maxsize=64)
+def _cached_check(source_text: str, options: tuple[str, ...], function: str, cc: str) -> str | None:
+    from fleettune_job import nvrtc
+
+    return nvrtc.check_kernel(source_text, options, function, cc)
+
+
+def _numeric(config: Mapping[str, Any]) -> dict[str, int | float | bool]:
+    return {k: v for k, v in config.items() if isinstance(v, int | float | bool)}
