@@ -166,11 +166,7 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
     def launch() -> None:
         kernel(prepared.grid, prepared.block, args)
 
-    enter(Phase.LAUNCH)
-    run_started = clock()
-    launch()
-    enter(Phase.RUN)
-    cupy.cuda.runtime.deviceSynchronize()
+    run_started = _first_launch(cupy, launch, enter, clock)
 
     enter(Phase.VERIFY)
     expected = problem.reference(cupy, inputs, prepared.problem_size)
@@ -182,6 +178,17 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
     enter(Phase.TIME)
     flops = problem.flops(prepared.problem_size, prepared.config)
     return _timed(cupy, trial, launch, state, started, run_started, clock, flops)
+
+
+def _first_launch(cupy: Any, launch: Callable[[], None], enter: Callable[[Phase], None],
+                  clock: Callable[[], float]) -> float:
+    """Launch once and wait for it (so a fault is classified as launch or run); when it began."""
+    enter(Phase.LAUNCH)
+    started = clock()
+    launch()
+    enter(Phase.RUN)
+    cupy.cuda.runtime.deviceSynchronize()
+    return started
 
 
 def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
@@ -198,11 +205,7 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
     def launch() -> None:
         kernel(build.grid, build.block, args)
 
-    enter(Phase.LAUNCH)
-    run_started = clock()
-    launch()
-    enter(Phase.RUN)
-    cupy.cuda.runtime.deviceSynchronize()
+    run_started = _first_launch(cupy, launch, enter, clock)
 
     if user.reference is None:
         log("the configuration is the reference configuration: nothing to compare")

@@ -276,17 +276,19 @@ class FleetSimulator:
                         self._consider(kind, pod)
                     if self._stop.is_set():
                         break
-            except WatchExpired:
-                rv = None
-            except ApiException as exc:
-                if exc.status == 410:
+            except Exception as exc:
+                if self._watch_failed("pods", exc):
                     rv = None
-                    continue
-                self._record_error(f"watching pods: HTTP {exc.status} {exc.reason}")
-                self._stop.wait(1.0)
-            except Exception as exc:  # apiserver restarts, connection resets: retry
-                self._record_error(f"watching pods: {type(exc).__name__}: {exc}")
-                self._stop.wait(1.0)
+
+    def _watch_failed(self, what: str, exc: Exception) -> bool:
+        """True when the watch's resourceVersion expired (list again); otherwise (apiserver
+        restarts, connection resets) record the error and pause before retrying."""
+        if isinstance(exc, WatchExpired) or (isinstance(exc, ApiException) and exc.status == 410):
+            return True
+        text = f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException) else f"{type(exc).__name__}: {exc}"
+        self._record_error(f"watching {what}: {text}")
+        self._stop.wait(1.0)
+        return False
 
     def _node_loop(self) -> None:
         """Keep the names and uids of the nodes that exist (to tell a lost node's Pods)."""
@@ -313,17 +315,9 @@ class FleetSimulator:
                             self._nodes = nodes
                     if self._stop.is_set():
                         break
-            except WatchExpired:
-                rv = None
-            except ApiException as exc:
-                if exc.status == 410:
-                    rv = None
-                    continue
-                self._record_error(f"watching nodes: HTTP {exc.status} {exc.reason}")
-                self._stop.wait(1.0)
             except Exception as exc:
-                self._record_error(f"watching nodes: {type(exc).__name__}: {exc}")
-                self._stop.wait(1.0)
+                if self._watch_failed("nodes", exc):
+                    rv = None
 
     def _node_lost(self, core: Any, due: _Due) -> bool:
         """Whether the node the Pod ran on is gone (deleted, or replaced under its name)."""
