@@ -8,25 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError
 
 from fleettune_job import fingerprint, runner
 from fleettune_job.classify import NoGpu, Phase
 from fleettune_job.protocol import KernelRef, Outcome, Trial, decode
 
 Behaviour = Callable[[tuple[int, ...], tuple[int, ...], tuple[Any, ...]], None]
-
-
-class CompileException(Exception):
-    def get_message(self) -> str:
-        return str(self.args[0])
-
-
-class CUDADriverError(RuntimeError):
-    pass
-
-
-class CUDARuntimeError(RuntimeError):
-    pass
 
 
 class FakeKernel:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError
 
 from fleettune_job import fingerprint, runner
 from fleettune_job.classify import Phase
@@ -61,19 +62,6 @@ extern "C" __global__ void vadd_ref(float *c, const float *a, const float *b, fl
 #endif
 """
 N = 1000  # not a multiple of any block size used here: the bounds check runs too
-
-
-class CompileException(Exception):
-    def get_message(self) -> str:
-        return str(self.args[0])
-
-
-class CUDADriverError(RuntimeError):
-    pass
-
-
-class CUDARuntimeError(RuntimeError):
-    pass
 
 
 class EmuKernel:
