@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from typing import Any
 
 import pytest
 import yaml
 from operator_support import ROOT, apply, get_run, jobs, stored_records, wait_for, wait_phase
 
+from fleettune.controller.tuner import SOURCE_RECHECK_S
 from fleettune_job import nvrtc
 
 pytestmark = [
@@ -81,6 +83,10 @@ def test_a_compile_error_fails_the_run_before_any_job_until_the_source_is_fixed(
     assert not jobs(cluster, namespace, "broken")
     warnings = [e for e in events(cluster, namespace, "broken") if e["type"] == "Warning"]
     assert any(e["reason"] == "InvalidSpec" and "blockIdy" in e["message"] for e in warnings), warnings
+
+    # The unchanged source is re-read every SOURCE_RECHECK_S: the compiler's message stays.
+    time.sleep(SOURCE_RECHECK_S + 6)
+    assert "blockIdy" in condition(get_run(cluster, namespace, "broken"), "Ready")["message"]
 
     # Fixing the source is enough: the run notices the new source and tunes it.
     source_map["data"][key] = SOURCE_MAP["data"][key]

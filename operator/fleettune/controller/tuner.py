@@ -397,7 +397,9 @@ class RunLoop:
                 else:  # the fix of a source that did not compile: this round never started
                     pool.phase, pool.message, pool.study = "Pending", "", None
             self.source_failed = None
-        self.source_text, self.source_digest, self.spec_error = text, digest, None
+        self.source_text, self.source_digest = text, digest
+        if self.source_failed is None:  # else the compiler's message stays until the source changes
+            self.spec_error = None
         return None
 
     async def _predict(self) -> None:
