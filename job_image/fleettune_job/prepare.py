@@ -29,8 +29,23 @@ from fleettune_job.protocol import KernelRef, Trial
 MAX_SOURCE_BYTES = 1 << 20
 
 
+class _Launchable:
+    """What both built-in and user builds derive from their defines and block size."""
+
+    defines: dict[str, str]
+    block: tuple[int, int, int]
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return _options(self.defines)
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
 @dataclass(frozen=True)
-class Prepared:
+class Prepared(_Launchable):
     label: str  # for logs and error texts
     source: str
     function: str
@@ -42,17 +57,9 @@ class Prepared:
     problem: Problem
     descriptor: KernelDescriptor
 
-    @property
-    def options(self) -> tuple[str, ...]:
-        return _options(self.defines)
-
-    @property
-    def threads_per_block(self) -> int:
-        return self.block[0] * self.block[1] * self.block[2]
-
 
 @dataclass(frozen=True)
-class KernelBuild:
+class KernelBuild(_Launchable):
     """One compile and launch of a user kernel: the candidate configuration, or the reference."""
 
     source: str
@@ -61,14 +68,6 @@ class KernelBuild:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     scalars: dict[str, np.generic]  # by-value arguments, by name
-
-    @property
-    def options(self) -> tuple[str, ...]:
-        return _options(self.defines)
-
-    @property
-    def threads_per_block(self) -> int:
-        return self.block[0] * self.block[1] * self.block[2]
 
 
 @dataclass(frozen=True)
