@@ -11,10 +11,13 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The runtime package only: the development tools (dev/: local cluster, simulator, demo,
+# benchmarks) are a distribution of their own and never copied, and the check says so.
 COPY operator ./operator
 COPY job_image/fleettune_job ./job_image/fleettune_job
 # NVRTC comes with it (a library, no GPU needed): the operator compiles users' kernels up front.
-RUN pip install . && python -c "import fleettune.controller.handlers; from fleettune_job import nvrtc; assert nvrtc.available()"
+RUN pip install . && python -c "import fleettune.controller.handlers, importlib.util; \
+from fleettune_job import nvrtc; assert nvrtc.available(); assert importlib.util.find_spec('fleettune_dev') is None"
 
 FROM python:3.11.10-slim-bookworm
 COPY --from=build /opt/venv /opt/venv

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for src in ("operator", "job_image"):
+for src in ("operator", "job_image", "dev"):
     path = str(ROOT / src)
     if path not in sys.path:
         sys.path.insert(0, path)

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from fleettune.cluster import LocalCluster, default_fleet
-from fleettune.sim import FleetSimulator
+from fleettune_dev.cluster import LocalCluster, default_fleet
+from fleettune_dev.sim import FleetSimulator
 
 # Trials take ~0.25 s of wall time in tests (compile 0.85 s + runs, × 0.3).
 TEST_TIME_SCALE = 0.3
@@ -47,7 +47,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if shutil.which("go") is None:
         _build_error = "skip: the Go toolchain is needed to build the control plane"
         return
-    from fleettune.cluster.binaries import ensure_binaries
+    from fleettune_dev.cluster.binaries import ensure_binaries
 
     try:
         ensure_binaries(_progress)

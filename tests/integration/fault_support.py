@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from fleettune.cluster.fleet import KWOK_ANNOTATION
+from fleettune_dev.cluster.fleet import KWOK_ANNOTATION
 from fleettune_job.protocol import (
     CONTAINER_NAME,
     TRIAL_ENV,

@@ -17,10 +17,11 @@ from typing import Any
 import yaml
 
 from fleettune import GROUP, PLURAL, VERSION
-from fleettune.cluster.network import free_port
 from fleettune.crd import render
+from fleettune.labels import RESULTS_OF_LABEL
 from fleettune.names import label_value
-from fleettune.store import DATA_KEY, RESULTS_OF, decode_shard
+from fleettune.store import DATA_KEY, decode_shard
+from fleettune_dev.cluster.network import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "convolution-fleet.yaml"
@@ -33,7 +34,7 @@ class ChartIdentity:
     exactly what a Helm install would give it, never the admin credential."""
 
     def __init__(self, cluster: Any, namespace: str, workdir: Path) -> None:
-        from fleettune.cluster.binaries import ensure_helm
+        from fleettune_dev.cluster.binaries import ensure_helm
 
         self.cluster = cluster
         rendered = subprocess.run(
@@ -158,7 +159,8 @@ def wait_phase(cluster: Any, namespace: str, name: str, timeout: float, operator
 
 
 def stored_records(cluster: Any, namespace: str, run: str) -> list[Any]:
-    out = cluster.kubectl("get", "configmaps", "-n", namespace, "-l", f"{RESULTS_OF}={label_value(run)}", "-o", "json")
+    selector = f"{RESULTS_OF_LABEL}={label_value(run)}"
+    out = cluster.kubectl("get", "configmaps", "-n", namespace, "-l", selector, "-o", "json")
     records = []
     for cm in json.loads(out.stdout)["items"]:
         records += decode_shard(cm["binaryData"][DATA_KEY])

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from fleettune.cluster import LocalCluster, default_fleet
-from fleettune.cluster.fleet import POOL_LABEL
-from fleettune.cluster.processes import find
+from fleettune.labels import POOL_LABEL
+from fleettune_dev.cluster import LocalCluster, default_fleet
+from fleettune_dev.cluster.processes import find
 
 pytestmark = pytest.mark.integration
 
@@ -164,7 +164,7 @@ def test_up_is_idempotent_restarts_keep_state_and_down_leaves_nothing(tmp_path: 
 
 
 def test_status_command_reports_components_and_pools(cluster, capsys):
-    from fleettune.cluster.cli import main
+    from fleettune_dev.cluster.cli import main
 
     assert main(["status", "--state-dir", str(cluster.state_dir)]) == 0
     out = capsys.readouterr().out

@@ -80,7 +80,7 @@ def test_driver_upgrade_retunes_warm_and_publishes_the_new_best(cluster, namespa
     assert target["completed"] == 5 and "stale" not in target
     assert _condition(run, "Stale")["status"] == "False"
     records = stored_records(cluster, namespace, "upgrade")
-    rounds = {g: [r for r in records if r.generation == g] for g in (1, 2)}
+    rounds = {g: [r for r in records if r.round == g] for g in (1, 2)}
     assert len(rounds[1]) == 5 and len(rounds[2]) == 5, "the old round's results are kept"
     assert all(r.fingerprint.driver_version == NEW_DRIVER for r in rounds[2] if r.fingerprint)
     assert all(r.fingerprint.driver_version == old_driver for r in rounds[1] if r.fingerprint)
@@ -153,9 +153,9 @@ def test_live_edits_and_reapplying_the_same_manifest(cluster, namespace, simulat
         180, "the round on the new space",
     )
     records = stored_records(cluster, namespace, "edits")
-    assert len([r for r in records if r.generation == 1]) == 7
-    assert len([r for r in records if r.generation == 2]) == 7
-    assert all(r.config["block_size_x"] in (16, 32, 64, 128) for r in records if r.generation == 2)
+    assert len([r for r in records if r.round == 1]) == 7
+    assert len([r for r in records if r.round == 2]) == 7
+    assert all(r.config["block_size_x"] in (16, 32, 64, 128) for r in records if r.round == 2)
     assert run["status"]["spaceHash"] != status["spaceHash"]
 
 

@@ -10,7 +10,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from fleettune.cluster.fleet import POOL_LABEL, packaged_recordings_dir
+from fleettune.labels import POOL_LABEL
+from fleettune_dev.cluster.fleet import packaged_recordings_dir
 from fleettune_job import nvrtc
 from fleettune_job.protocol import (
     EXIT_CODES,
@@ -178,7 +179,7 @@ def test_pods_on_real_nodes_are_never_touched(cluster, api_client, namespace, si
 
 def test_a_trial_pod_deleted_while_running_is_removed_and_never_answered(cluster, api_client, namespace,
                                                                           a100_recording):
-    from fleettune.sim import FleetSimulator
+    from fleettune_dev.sim import FleetSimulator
 
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
     key = next(k for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str))
@@ -244,7 +245,7 @@ def test_user_source_is_compiled_for_real_and_timed_by_a_synthetic_model(api_cli
 
 
 def test_a_pod_on_a_deleted_node_is_never_answered(cluster, api_client, namespace):
-    from fleettune.sim import FleetSimulator
+    from fleettune_dev.sim import FleetSimulator
 
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
     node = f"a100-lost-{uuid.uuid4().hex[:6]}"

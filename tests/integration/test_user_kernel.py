@@ -18,7 +18,7 @@ import pytest
 import yaml
 from operator_support import ROOT, apply, get_run, jobs, stored_records, wait_for, wait_phase
 
-from fleettune.controller.tuner import SOURCE_RECHECK_S
+from fleettune.controller.source import SOURCE_RECHECK_S
 from fleettune_job import nvrtc
 
 pytestmark = [
@@ -150,7 +150,7 @@ def test_an_edited_source_is_another_kernel_and_starts_a_new_round(cluster, name
 
     status = wait_for(new_round, 180, "the second round to finish")
     assert status["sourceDigest"] != digest
-    rounds = {r.generation for r in stored_records(cluster, namespace, "edited")}
+    rounds = {r.round for r in stored_records(cluster, namespace, "edited")}
     assert rounds == {1, 2}
     retunes = [e["message"] for e in events(cluster, namespace, "edited") if e["reason"] == "Retune"]
     assert retunes == ["a100: round 2: the kernel source changed"], retunes

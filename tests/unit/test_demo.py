@@ -6,7 +6,7 @@ import json
 
 from rich.console import Console
 
-from fleettune.demo import _summary, _table
+from fleettune_dev.demo import _summary, _table
 
 CONFIG = {f"parameter_number_{i}": i * 16 for i in range(12)}
 RUN = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleettune.cluster.fleet import (
+from fleettune_dev.cluster.fleet import (
     POOL_LABEL,
     FleetError,
     default_fleet,

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from fleettune.cluster import processes
-from fleettune.cluster.network import advertise_address, free_port, port_is_free, wait_port_free
-from fleettune.cluster.pki import ensure_pki
+from fleettune_dev.cluster import processes
+from fleettune_dev.cluster.network import advertise_address, free_port, port_is_free, wait_port_free
+from fleettune_dev.cluster.pki import ensure_pki
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fleettune.cluster import LocalCluster, binaries, processes
+from fleettune_dev.cluster import LocalCluster, binaries, processes
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc")
 

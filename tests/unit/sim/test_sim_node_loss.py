@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from kubernetes.client import ApiException
 
-from fleettune.cluster.fleet import default_fleet
-from fleettune.sim import FleetSimulator
-from fleettune.sim.simulator import _Due
+from fleettune_dev.cluster.fleet import default_fleet
+from fleettune_dev.sim import FleetSimulator
+from fleettune_dev.sim.simulator import _Due
 from fleettune_job.protocol import TRIAL_ENV, Trial
 
 FLEET = default_fleet()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fleettune.cluster.fleet import default_fleet
-from fleettune.sim import FleetSimulator
+from fleettune_dev.cluster.fleet import default_fleet
+from fleettune_dev.sim import FleetSimulator
 from fleettune_job.protocol import EXIT_CODES, TRIAL_ENV, Outcome, Trial
 
 FLEET = default_fleet()

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from fleettune.cluster.fleet import default_fleet, packaged_recordings_dir
-from fleettune.sim.answer import answer_trial, fingerprint
-from fleettune.sim.recordings import (
+from fleettune_dev.cluster.fleet import default_fleet, packaged_recordings_dir
+from fleettune_dev.sim.answer import answer_trial, fingerprint
+from fleettune_dev.sim.recordings import (
     Measurement,
     RecordedKernel,
     Recording,

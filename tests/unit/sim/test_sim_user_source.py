@@ -8,9 +8,9 @@ import itertools
 
 import pytest
 
-from fleettune.cluster.fleet import default_fleet
-from fleettune.sim import FleetSimulator
-from fleettune.sim.usersource import (
+from fleettune_dev.cluster.fleet import default_fleet
+from fleettune_dev.sim import FleetSimulator
+from fleettune_dev.sim.usersource import (
     Compiler,
     SourceUnavailable,
     compile_options,

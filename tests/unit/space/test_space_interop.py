@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fleettune.space import SearchSpace, SpaceError
-from fleettune.space.interop import (
+from fleettune_dev.interop import (
     Record,
     read_kernel_tuner_cache,
     read_t1_spec,

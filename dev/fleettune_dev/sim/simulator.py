@@ -11,7 +11,7 @@ would see on a real GPU node. Pods on real nodes are never touched.
 
 User-source trials are compiled for real with NVRTC (the source comes from the ConfigMap
 the Pod mounts), so compile errors are the compiler's own; their times come from a
-synthetic model (``fleettune.sim.usersource``).
+synthetic model (``fleettune_dev.sim.usersource``).
 
 A node that is deleted takes its Pods' answers with it: a Pod whose node is gone (or was
 replaced by a new node of the same name) when its answer is due is never completed, just
@@ -47,8 +47,9 @@ from typing import Any
 
 from kubernetes.client import ApiException
 
-from fleettune.cluster.fleet import KWOK_ANNOTATION, POOL_LABEL, Fleet, Pool
-from fleettune.sim.answer import (
+from fleettune.labels import MANAGED_BY, MANAGER, POOL_LABEL
+from fleettune_dev.cluster.fleet import KWOK_ANNOTATION, Fleet, NodePool
+from fleettune_dev.sim.answer import (
     DEFAULT_COMPILE_S,
     Answer,
     answer_measurement,
@@ -57,9 +58,9 @@ from fleettune.sim.answer import (
     infra,
     invalid_configuration,
 )
-from fleettune.sim.rawwatch import WatchExpired, raw_list, raw_watch
-from fleettune.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
-from fleettune.sim.usersource import (
+from fleettune_dev.sim.rawwatch import WatchExpired, raw_list, raw_watch
+from fleettune_dev.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
+from fleettune_dev.sim.usersource import (
     Compiler,
     ConfigMapReader,
     SourceUnavailable,
@@ -72,9 +73,9 @@ from fleettune.sim.usersource import (
 )
 from fleettune_job.protocol import CONTAINER_NAME, TRIAL_ENV, Outcome, Trial
 
-log = logging.getLogger("fleettune.sim")
+log = logging.getLogger("fleettune.sim")  # the name in the simulator's log lines
 
-MANAGED_SELECTOR = "app.kubernetes.io/managed-by=fleettune"
+MANAGED_SELECTOR = f"{MANAGED_BY}={MANAGER}"
 
 
 @dataclass(order=True)
@@ -445,7 +446,7 @@ class FleetSimulator:
                              pool, node_labels)
             return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
 
-    def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: Pool, labels: dict[str, str],
+    def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: NodePool, labels: dict[str, str],
                        config_maps: ConfigMapReader | None) -> Answer:
         """User source: read from the Pod's ConfigMap volume, compiled with NVRTC for the
         node's compute capability, timed by the synthetic model when it compiles."""
@@ -489,7 +490,7 @@ class FleetSimulator:
         m = synthetic_measurement(source, trial, f"{device.product}/{device.compute_capability}", self.seed)
         return answer_measurement(trial, pool, labels, m, compile_s=self.compile_s)
 
-    def model(self, pool: Pool, kernel: str) -> KernelModel | None:
+    def model(self, pool: NodePool, kernel: str) -> KernelModel | None:
         key = (pool.name, kernel)
         if key not in self._models:
             sim = pool.simulation

@@ -8,9 +8,9 @@ from typing import Any
 
 from fleettune.space.devices import DeviceLimits
 from fleettune.space.errors import SpaceError
-from fleettune.space.listexpr import evaluate_values
 from fleettune.space.records import load_json, parameter_spec, read_text
 from fleettune.space.space import SearchSpace
+from fleettune_dev.interop.listexpr import evaluate_values
 
 
 @dataclass

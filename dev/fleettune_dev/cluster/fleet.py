@@ -26,7 +26,24 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-POOL_LABEL = "fleettune.dev/pool"
+from fleettune.fingerprint import (
+    ARCH,
+    FT_DRIVER,
+    FT_L4T,
+    FT_PRODUCT,
+    GFD_CC_MAJOR,
+    GFD_CC_MINOR,
+    GFD_DRIVER,
+    GFD_FAMILY,
+    GFD_MEMORY,
+    GFD_PRODUCT,
+    GFD_RUNTIME,
+)
+from fleettune.labels import POOL_LABEL
+
+# GFD labels the operator does not read (the fingerprint's are imported above).
+GFD_PRESENT = "nvidia.com/gpu.present"
+GFD_COUNT = "nvidia.com/gpu.count"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_RESOURCE = "nvidia.com/gpu"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -103,7 +120,11 @@ class Simulation(_Model):
         return sorted({*self.recordings, *self.synthetic})
 
 
-class Pool(_Model):
+class NodePool(_Model):
+    """A pool of the simulated fleet: ``nodes`` identical fake GPU nodes and how the
+    simulator answers their trials (not the operator's per-target tuning state,
+    `fleettune.controller.pool.Pool`)."""
+
     name: str
     nodes: int = Field(gt=0, le=100)
     arch: Literal["amd64", "arm64"] = "amd64"
@@ -139,31 +160,31 @@ class Pool(_Model):
         labels = {
             "type": "kwok",
             POOL_LABEL: self.name,
-            "kubernetes.io/arch": self.arch,
+            ARCH: self.arch,
             "kubernetes.io/os": "linux",
             "kubernetes.io/hostname": node_name,
         }
         if self.feature_discovery:
             labels |= {
-                "nvidia.com/gpu.present": "true",
-                "nvidia.com/gpu.product": label_value(g.product),
-                "nvidia.com/gpu.compute.major": g.compute_major,
-                "nvidia.com/gpu.compute.minor": g.compute_minor,
-                "nvidia.com/gpu.memory": str(g.memory_mib),
-                "nvidia.com/gpu.count": str(g.per_node),
-                "nvidia.com/cuda.driver-version.full": g.driver_version,
-                "nvidia.com/cuda.runtime-version.full": g.cuda_runtime_version,
+                GFD_PRESENT: "true",
+                GFD_PRODUCT: label_value(g.product),
+                GFD_CC_MAJOR: g.compute_major,
+                GFD_CC_MINOR: g.compute_minor,
+                GFD_MEMORY: str(g.memory_mib),
+                GFD_COUNT: str(g.per_node),
+                GFD_DRIVER: g.driver_version,
+                GFD_RUNTIME: g.cuda_runtime_version,
             }
             if g.family:
-                labels["nvidia.com/gpu.family"] = g.family
+                labels[GFD_FAMILY] = g.family
         else:
             # GFD does not run on Jetson: the project labels these nodes itself.
             labels |= {
-                "fleettune.dev/gpu.product": label_value(g.product),
-                "fleettune.dev/cuda.driver-version.full": g.driver_version,
+                FT_PRODUCT: label_value(g.product),
+                FT_DRIVER: g.driver_version,
             }
         if self.jetson is not None:
-            labels["fleettune.dev/jetson.l4t-version"] = self.jetson.l4t_version
+            labels[FT_L4T] = self.jetson.l4t_version
         return labels | self.labels
 
     def node_manifest(self, node_name: str) -> dict[str, Any]:
@@ -197,7 +218,7 @@ class Pool(_Model):
 class Fleet(_Model):
     api_version: Literal["fleettune.dev/v1alpha1"] = "fleettune.dev/v1alpha1"
     kind: Literal["Fleet"] = "Fleet"
-    pools: list[Pool] = Field(min_length=1)
+    pools: list[NodePool] = Field(min_length=1)
     # Where relative recording paths are resolved; set by load_fleet, not part of the file.
     _base_dir: Path | None = PrivateAttr(default=None)
 
@@ -210,7 +231,7 @@ class Fleet(_Model):
             seen.add(p.name)
         return self
 
-    def pool(self, name: str) -> Pool:
+    def pool(self, name: str) -> NodePool:
         for p in self.pools:
             if p.name == name:
                 return p
@@ -258,7 +279,7 @@ def _is_packaged_ref(ref: str) -> bool:
 
 
 def packaged_data_dir() -> Path:
-    return Path(str(resources.files("fleettune") / "data"))
+    return Path(str(resources.files("fleettune_dev") / "data"))
 
 
 def packaged_recordings_dir() -> Path:

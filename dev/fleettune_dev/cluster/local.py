@@ -24,18 +24,19 @@ from typing import Any
 
 import yaml
 
-from fleettune.cluster import processes
-from fleettune.cluster.binaries import Binaries, cache_root, ensure_binaries
-from fleettune.cluster.fleet import (
+from fleettune.labels import POOL_LABEL
+from fleettune_dev.cluster import processes
+from fleettune_dev.cluster.binaries import Binaries, cache_root, ensure_binaries
+from fleettune_dev.cluster.fleet import (
+    GPU_RESOURCE,
     KWOK_ANNOTATION,
-    POOL_LABEL,
     Fleet,
     default_fleet,
     packaged_data_dir,
     parse_fleet,
 )
-from fleettune.cluster.network import advertise_address, free_port, wait_port_free
-from fleettune.cluster.pki import SERVICE_CIDR, Pki, ensure_pki
+from fleettune_dev.cluster.network import advertise_address, free_port, wait_port_free
+from fleettune_dev.cluster.pki import SERVICE_CIDR, Pki, ensure_pki
 
 Progress = Callable[[str], None]
 
@@ -508,7 +509,7 @@ class LocalCluster:
             pools.setdefault(n.metadata.labels[POOL_LABEL], []).append({
                 "name": n.metadata.name,
                 "ready": _is_ready(n),
-                "gpus": (n.status.allocatable or {}).get("nvidia.com/gpu"),
+                "gpus": (n.status.allocatable or {}).get(GPU_RESOURCE),
                 "arch": n.metadata.labels.get("kubernetes.io/arch"),
             })
         return pools

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from fleettune.cluster.fleet import FleetError, load_fleet
-from fleettune.cluster.local import DEFAULT_STATE_DIR, ClusterError, LocalCluster
+from fleettune_dev.cluster.fleet import FleetError, load_fleet
+from fleettune_dev.cluster.local import DEFAULT_STATE_DIR, ClusterError, LocalCluster
 
 
 def _parser() -> argparse.ArgumentParser:

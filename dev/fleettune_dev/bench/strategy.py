@@ -44,7 +44,7 @@ class Replay:
 
 
 def load_replay(path: str | Path) -> Replay:
-    from fleettune.space.interop import read_kernel_tuner_cache
+    from fleettune_dev.interop import read_kernel_tuner_cache
 
     rec = read_kernel_tuner_cache(path)
     time_ms = np.array([np.nan if r.time_ms is None else float(r.time_ms) for r in rec.records])
@@ -279,23 +279,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def parse_options(items: list[str], strategy: str) -> dict[str, Any]:
-    """``KEY=VALUE`` strategy options (JSON values); an unknown key is an error, since a
-    misspelt option would otherwise be ignored and a benchmark compare nothing."""
-    from fleettune.optimize import STRATEGIES, strategy_options
+    """``KEY=VALUE`` strategy options (JSON values), checked by the strategy: a misspelt
+    option would otherwise be ignored and a benchmark compare nothing."""
+    from fleettune.optimize import OptionError, UnknownStrategyError, validate_options
 
-    if strategy not in STRATEGIES:
-        raise SystemExit(f"--strategy {strategy}: not a strategy (strategies: {', '.join(sorted(STRATEGIES))})")
-    known, _ = strategy_options(strategy)
     out: dict[str, Any] = {}
     for item in items:
         key, _, raw = item.partition("=")
-        if key not in known:
-            raise SystemExit(f"--option {key}: not an option of strategy {strategy!r} "
-                             f"(options: {', '.join(sorted(known)) or 'none'})")
         try:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw
+    try:
+        validate_options(strategy, out)
+    except UnknownStrategyError as exc:
+        raise SystemExit(f"--strategy: {exc}") from None
+    except OptionError as exc:
+        raise SystemExit(f"--option {exc.key}: {exc.message}") from None
     return out
 
 

@@ -1,7 +1,7 @@
 """What a simulated GPU measures for a configuration: recorded or synthetic.
 
 A :class:`Recording` is a brute-forced Kernel Tuner cache (every valid configuration of a
-kernel timed on one GPU model), read with :func:`fleettune.space.interop.read_kernel_tuner_cache`
+kernel timed on one GPU model), read with :func:`fleettune_dev.interop.read_kernel_tuner_cache`
 and indexed by Kernel Tuner's key (the parameter values joined by "," in the recording's
 parameter order). A :class:`KernelModel` answers one configuration:
 
@@ -115,7 +115,7 @@ _FAILURES: dict[str, Failure] = {"compile": "compile", "runtime": "runtime", "in
 @functools.lru_cache(maxsize=16)
 def load_recording(path: Path) -> Recording:
     """Read (once per process) a Kernel Tuner cache file, .json or .json.gz."""
-    from fleettune.space.interop import read_kernel_tuner_cache
+    from fleettune_dev.interop import read_kernel_tuner_cache
 
     rs = read_kernel_tuner_cache(path)
     records = list(rs.records)
@@ -200,7 +200,7 @@ class SyntheticKernel:
 def compact_recording(src: Path, dst: Path, repeats: int = MAX_REPEATS_KEPT) -> tuple[int, int]:
     """Write a smaller, still valid Kernel Tuner cache: header, parameters, time, ≤ ``repeats`` times.
 
-    This is how the recordings shipped in ``fleettune/data/recordings`` were made.
+    This is how the recordings shipped in ``fleettune_dev/data/recordings`` were made.
     Returns (configurations, bytes written).
     """
     opener = gzip.open if src.name.endswith(".gz") else open

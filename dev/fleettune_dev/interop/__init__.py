@@ -11,8 +11,8 @@ records. Recorded failures are "compile", "runtime" or "invalid" (see `records`)
 
 from fleettune.space.kernel_tuner import read_kernel_tuner_cache, write_kernel_tuner_cache
 from fleettune.space.records import FAILURES, Record, RecordedSpace
-from fleettune.space.t1 import T1Spec, read_t1_spec
-from fleettune.space.t4 import read_t4, write_t4
+from fleettune_dev.interop.t1 import T1Spec, read_t1_spec
+from fleettune_dev.interop.t4 import read_t4, write_t4
 
 __all__ = [
     "FAILURES",

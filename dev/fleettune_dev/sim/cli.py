@@ -10,8 +10,8 @@ import sys
 import threading
 from pathlib import Path
 
-from fleettune.cluster.fleet import FleetError, load_fleet
-from fleettune.cluster.local import DEFAULT_STATE_DIR, LocalCluster
+from fleettune_dev.cluster.fleet import FleetError, load_fleet
+from fleettune_dev.cluster.local import DEFAULT_STATE_DIR, LocalCluster
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     from fleettune import logs
 
     logs.setup(logging.INFO if args.verbose else logging.WARNING)
-    from fleettune.sim.simulator import FleetSimulator
+    from fleettune_dev.sim.simulator import FleetSimulator
 
     cluster = LocalCluster(args.state_dir)
     kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG")

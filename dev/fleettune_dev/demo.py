@@ -85,9 +85,9 @@ def _summary(console: Console, run: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from fleettune.cluster import LocalCluster, default_fleet
-    from fleettune.cluster.binaries import ensure_binaries
-    from fleettune.cluster.local import DEFAULT_STATE_DIR
+    from fleettune_dev.cluster import LocalCluster, default_fleet
+    from fleettune_dev.cluster.binaries import ensure_binaries
+    from fleettune_dev.cluster.local import DEFAULT_STATE_DIR
 
     parser = argparse.ArgumentParser(prog="fleettune demo", description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, default=EXAMPLE)
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
 def _start_services(cluster: Any, say: Callable[[str], None]) -> None:
     """The simulator and the operator as processes of the cluster (they outlive the demo
     with --keep, and `fleettune cluster down` stops them)."""
-    from fleettune.cluster.network import free_port
+    from fleettune_dev.cluster.network import free_port
 
     kubeconfig = str(cluster.kubeconfig)
     env = {**os.environ, "KUBECONFIG": kubeconfig}
@@ -161,8 +161,8 @@ def _start_services(cluster: Any, say: Callable[[str], None]) -> None:
 
 
 def _kept(cluster: Any, state_dir: Path, say: Callable[[str], None]) -> None:
-    from fleettune.cluster import processes
-    from fleettune.cluster.local import DEFAULT_STATE_DIR
+    from fleettune_dev.cluster import processes
+    from fleettune_dev.cluster.local import DEFAULT_STATE_DIR
 
     if not cluster.kubeconfig.is_file():
         return
@@ -196,7 +196,7 @@ def _watch(cluster: Any, name: str, console: Console, started: float, timeout: f
 
 
 def _check_services(cluster: Any) -> None:
-    from fleettune.cluster import processes
+    from fleettune_dev.cluster import processes
 
     for name, rec in cluster.services().items():
         if name in SERVICES and not processes.is_alive(rec):

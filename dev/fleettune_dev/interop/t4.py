@@ -18,8 +18,6 @@ from fleettune.space.errors import SpaceError
 from fleettune.space.records import (
     KT_FAILURE_IN,
     KT_FAILURE_OUT,
-    T4_FAILURE_IN,
-    T4_FAILURE_OUT,
     Record,
     RecordedSpace,
     is_number,
@@ -34,6 +32,10 @@ from fleettune.space.records import (
 )
 from fleettune.space.space import SearchSpace
 
+# T4 invalidity ↔ a recorded failure (see `records.FAILURES`).
+T4_FAILURE_IN = {"compile": "compile", "runtime": "runtime", "correctness": "runtime", "timeout": "runtime",
+                 "constraints": "invalid"}
+T4_FAILURE_OUT = {"compile": "compile", "runtime": "runtime", "invalid": "constraints"}
 # T4 "times" entry → Kernel Tuner record field.
 T4_TIMES = {"compilation": "compile_time", "validation": "verification_time", "benchmark": "benchmark_time",
             "search_algorithm": "strategy_time", "framework": "framework_time"}

@@ -5,8 +5,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleettune.cluster.fleet import Pool, label_value
-from fleettune.sim.recordings import KernelModel, Measurement
+from fleettune.fingerprint import (
+    FT_DRIVER,
+    FT_PRODUCT,
+    GFD_CC_MAJOR,
+    GFD_CC_MINOR,
+    GFD_DRIVER,
+    GFD_MEMORY,
+    GFD_PRODUCT,
+    GFD_RUNTIME,
+)
+from fleettune_dev.cluster.fleet import NodePool, label_value
+from fleettune_dev.sim.recordings import KernelModel, Measurement
 from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
 
 # Time to compile one configuration (NVRTC + module load); Kernel Tuner's recordings of
@@ -35,7 +45,7 @@ class Answer:
     duration_s: float  # how long the trial would have run on the node (before time scaling)
 
 
-def fingerprint(pool: Pool, labels: dict[str, str], *, synthetic: bool) -> Fingerprint:
+def fingerprint(pool: NodePool, labels: dict[str, str], *, synthetic: bool) -> Fingerprint:
     """What the job would report about its GPU, read from the node's labels where present.
 
     Labels are what a driver upgrade changes, so they win over the fleet file. The product
@@ -43,14 +53,13 @@ def fingerprint(pool: Pool, labels: dict[str, str], *, synthetic: bool) -> Finge
     still names the pool's GPU.
     """
     g = pool.gpu
-    product_label = labels.get("nvidia.com/gpu.product") or labels.get("fleettune.dev/gpu.product")
+    product_label = labels.get(GFD_PRODUCT) or labels.get(FT_PRODUCT)
     product = g.product if product_label in (None, label_value(g.product)) else str(product_label)
-    major = labels.get("nvidia.com/gpu.compute.major", g.compute_major)
-    minor = labels.get("nvidia.com/gpu.compute.minor", g.compute_minor)
-    driver = (labels.get("nvidia.com/cuda.driver-version.full")
-              or labels.get("fleettune.dev/cuda.driver-version.full") or g.driver_version)
-    runtime = labels.get("nvidia.com/cuda.runtime-version.full") or g.cuda_runtime_version
-    memory = labels.get("nvidia.com/gpu.memory")
+    major = labels.get(GFD_CC_MAJOR, g.compute_major)
+    minor = labels.get(GFD_CC_MINOR, g.compute_minor)
+    driver = labels.get(GFD_DRIVER) or labels.get(FT_DRIVER) or g.driver_version
+    runtime = labels.get(GFD_RUNTIME) or g.cuda_runtime_version
+    memory = labels.get(GFD_MEMORY)
     return Fingerprint(
         product=product,
         compute_capability=f"{major}.{minor}",
@@ -72,19 +81,19 @@ def _scale_to_problem(m: Measurement, trial: Trial, recorded: list[int]) -> Meas
                        f"to {trial.problem_size}")
 
 
-def infra(error: str, pool: Pool | None = None, labels: dict[str, str] | None = None) -> Answer:
+def infra(error: str, pool: NodePool | None = None, labels: dict[str, str] | None = None) -> Answer:
     fp = fingerprint(pool, labels or {}, synthetic=False) if pool else Fingerprint(simulated=True)
     return Answer(TrialResult(outcome=Outcome.INFRA_ERROR, error=f"simulator: {error}"[:1000],
                               fingerprint=fp), duration_s=0.2)
 
 
-def answer_trial(trial: Trial, pool: Pool, labels: dict[str, str], model: KernelModel,
+def answer_trial(trial: Trial, pool: NodePool, labels: dict[str, str], model: KernelModel,
                  *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     m = _scale_to_problem(model.measure(trial.config), trial, model.recording.problem_size)
     return answer_measurement(trial, pool, labels, m, compile_s=compile_s)
 
 
-def invalid_configuration(outcome: Outcome, error: str, pool: Pool, labels: dict[str, str], *,
+def invalid_configuration(outcome: Outcome, error: str, pool: NodePool, labels: dict[str, str], *,
                           compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     """A verdict of real rules (NVRTC's, CUDA's launch limits) about user source: not synthetic."""
     assert outcome.is_invalid_configuration
@@ -95,7 +104,7 @@ def invalid_configuration(outcome: Outcome, error: str, pool: Pool, labels: dict
                               compile_s=round(compile_s, 3)), duration_s=duration)
 
 
-def answer_measurement(trial: Trial, pool: Pool, labels: dict[str, str], m: Measurement,
+def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: Measurement,
                        *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     fp = fingerprint(pool, labels, synthetic=m.synthetic)
     if m.failure is not None:

@@ -316,7 +316,7 @@ def main(argv: list[str]) -> int:
         return 0
     results = []
     for name in args.scenarios:
-        cmd = [sys.executable, "-m", "fleettune.bench.memory", name, "--child", "--rounds", str(args.rounds),
+        cmd = [sys.executable, "-m", "fleettune_dev.bench.memory", name, "--child", "--rounds", str(args.rounds),
                "--parallelism", str(args.parallelism), "--strategy", args.strategy, "--threads", str(args.threads)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:

@@ -1,11 +1,7 @@
 """`fleettune bench space`: search-space build/count/enumerate/sample times vs python-constraint.
 
-Three cases from issue 3:
-
-* ``gemm``: CLBlast GEMM (15 parameters, 82 944 Cartesian, 17 956 valid under Kernel Tuner's
-  restrictions): build, count, enumerate;
-* ``large``: 12 parameters, ~10^9 Cartesian, ~10^7 valid: count and enumerate;
-* ``huge``: 17 parameters, ~10^12 Cartesian, ~0.5 % valid: 10 000 uniform valid draws.
+The cases (`CASES`: a real GEMM space, and two stencil spaces too large to enumerate
+naively), the targets and how to read the table: docs/bench-space.md.
 
 Every measurement runs in its own subprocess so that its peak memory (max RSS, from
 ``wait4``) is its own. python-constraint (what Kernel Tuner uses) has no build/count/enumerate
@@ -256,7 +252,7 @@ def _run_worker_with_peak(impl: str, case: str, budget: float, valid: int | None
     env = dict(os.environ)
     source_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = source_root + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "fleettune.bench.space", "--worker", impl, case, str(budget),
+    cmd = [sys.executable, "-m", "fleettune_dev.bench.space", "--worker", impl, case, str(budget),
            str(valid) if valid is not None else "-"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from fleettune.sim.recordings import Measurement, noise_factor, unit_hash
+from fleettune_dev.sim.recordings import Measurement, noise_factor, unit_hash
 from fleettune_job.protocol import Trial
 
 # ConfigMap name -> its data (string and decoded binary keys), or None when it does not exist.

@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from fleettune.bench.strategy import FAILURE_OUTCOME, Replay, load_replay, parse_options
+from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay, load_replay, parse_options
 from fleettune_job.protocol import Outcome
 
 LEVELS = (0.95, 0.99)
 CHECKPOINTS = (5, 10, 20, 50, 100)  # fraction of optimum after N target evaluations
-TARGET_RATIO = 1 / 3  # issue 7: warm needs at most a third of cold's evaluations to reach 0.95
-# The pairs issue 7 asks for (source -> target), by recording name in data/spaces.
+TARGET_RATIO = 1 / 3  # warm needs at most this share of cold's evaluations to reach 0.95 (docs/bench-warmstart.md)
+# Same kernel, another GPU (source -> target), by recording name in data/spaces: --all-pairs.
 PAIRS = (
     ("convolution_milo-A100", "convolution_milo-A4000"),
     ("convolution_milo-A4000", "convolution_milo-A100"),
@@ -234,7 +234,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="Kernel Tuner cache of the GPU tuned first")
     p.add_argument("--target", help="Kernel Tuner cache of the GPU re-tuned with the source's results")
-    p.add_argument("--all-pairs", metavar="DIR", help="run issue 7's pairs from the recordings in DIR")
+    p.add_argument("--all-pairs", metavar="DIR",
+                   help="run the standard pairs (docs/bench-warmstart.md) from the recordings in DIR")
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--budget", type=int, default=100, help="target evaluations per run")
