@@ -1,15 +1,41 @@
-"""Search strategies and the Study the operator drives (issue 4).
+"""Search strategies and the Study the operator drives.
 
-``Study(space, strategy="bayes", seed=0)`` answers ``suggest(n, pending=...)`` and takes
-``observe(config, outcome, objective, times)``; strategies are ``random``, ``genetic``
-and ``bayes`` (the default: GP surrogate + feasibility model, LogEI x P(feasible)).
+``Study(space, strategy="bayes", seed=0, options=...)`` answers ``suggest(n, pending=...)``
+and takes ``observe(config, outcome, objective, times)``; strategies are ``random``,
+``genetic`` and ``bayes`` (the default: GP surrogate + feasibility model, LogEI x
+P(feasible)). Each strategy declares its options (`describe_options`), and checks them
+(`validate_options`). `pool_verdict` holds the rules that end a pool's round of tuning.
+See docs/optimizer.md.
 """
 
+from .options import Option, OptionError, StrategyOptions, UnknownStrategyError
 from .problem import Candidates, History
-from .stopping import stop_reason
-from .strategy import Strategy
-from .study import DEFAULT_STRATEGY, STRATEGIES, Study, strategy_options
+from .stopping import Budget, Progress, Verdict, pool_verdict, stop_reason
+from .strategy import (
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+    Strategy,
+    describe_options,
+    validate_options,
+)
+from .study import Study
 
 __all__ = [
-    "DEFAULT_STRATEGY", "STRATEGIES", "Candidates", "History", "Strategy", "Study", "stop_reason", "strategy_options",
+    "DEFAULT_STRATEGY",
+    "STRATEGIES",
+    "Budget",
+    "Candidates",
+    "History",
+    "Option",
+    "OptionError",
+    "Progress",
+    "Strategy",
+    "StrategyOptions",
+    "Study",
+    "UnknownStrategyError",
+    "Verdict",
+    "describe_options",
+    "pool_verdict",
+    "stop_reason",
+    "validate_options",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .problem import Matrix
+
 MAX_DESIGN_POOL = 4096
 
 
@@ -20,7 +22,7 @@ def feature_weights(n_features: int, feature_groups: list[tuple[str, slice]]) ->
 
 
 def maximin(
-    x: np.ndarray,
+    x: Matrix,
     available: np.ndarray,
     chosen: np.ndarray,
     n: int,

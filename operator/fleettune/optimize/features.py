@@ -13,10 +13,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from fleettune.space import SearchSpace
 from fleettune.space.encode import permutation_table
 
 LOG_RATIO = 4.0  # max/min above which a positive linear parameter also counts on a log scale
@@ -37,12 +36,9 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     128 bytes, and a problem size (usually a power of two) that a block x tile divides
     evenly or leaves a ragged, half-idle last block. In a smooth kernel over the value,
     48 sits between 32 and 64 and must behave like them; with this column it can be
-    told apart from both. On the recorded A4000 convolution space, block widths 32, 64,
-    128 and 256 all come within 2 % of the optimum; the widths between them (48, 80,
-    96, …) reach at most 81 %. Small factors (tiles of 1..8) change the work per
-    thread smoothly; there the column is noise the model must first learn to ignore
-    (in the unit replay, whose tile acts smoothly, the fraction of the optimum after
-    30 trials fell from at least 0.93, the test's bar, to 0.73).
+    told apart from both. Small factors (tiles of 1..8) change the work per thread
+    smoothly; there the column is noise the model must first learn to ignore, so they
+    get none (measurements: docs/optimizer.md).
     """
     if values.max() < WARP or not np.all((values == np.round(values)) & (values > 0)):
         return None
@@ -53,7 +49,7 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     return None if twos.max() <= twos.min() else _normalise(twos)
 
 
-def switches(space: Any) -> tuple[int, ...]:
+def switches(space: SearchSpace) -> tuple[int, ...]:
     """Parameters that choose a code path rather than a size: booleans, categoricals
     and 0/1 integers (how Kernel Tuner spaces spell a flag such as ``use_shmem``).
 
@@ -61,7 +57,7 @@ def switches(space: Any) -> tuple[int, ...]:
     read-only cache, staging A in shared memory or not); a warm start probes the other
     paths (see ``BayesOpt._path_probes``)."""
     out = []
-    for j, p in enumerate(getattr(space, "parameters", ()) or ()):
+    for j, p in enumerate(space.parameters):
         if len(p.values) < 2 or p.kind == "permutation":
             continue
         if p.kind == "categorical" or p.type == "boolean" or sorted(p.values) == [0, 1]:
@@ -75,12 +71,11 @@ class FeatureMap:
     parameter, built exactly (same float64 values) for just the rows asked for.
 
     A study of 10^6 candidates needs features for the tens of thousands it scores per
-    suggestion, not a (10^6, f) matrix per model (two float64 ones were 370 MiB per
-    study of the 1.9 million-configuration space of `fleettune bench memory`).
+    suggestion, not a (10^6, f) matrix per model (hundreds of MiB per study).
     """
 
-    def __init__(self, space: Any) -> None:
-        params = getattr(space, "parameters", None)
+    def __init__(self, space: SearchSpace) -> None:
+        params = space.parameters
         if not params:
             raise ValueError("features from tables need a space with parameters")
         self.objective: list[tuple[int, np.ndarray]] = []  # (parameter, (k, w) table)
@@ -135,11 +130,11 @@ class FeatureMap:
         return out
 
 
-def model_features(space: Any, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[str, slice]]]:
+def model_features(space: SearchSpace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[str, slice]]]:
     """(objective features, feasibility features, feature groups of the first)."""
     rows = np.asarray(rows)
-    if not getattr(space, "parameters", None):
+    if not space.parameters:
         encoded = np.asarray(space.encode(rows), dtype=np.float64)
-        return encoded, encoded, list(getattr(space, "feature_groups", []))
+        return encoded, encoded, list(space.feature_groups)
     fmap = FeatureMap(space)
     return fmap(rows), fmap(rows, feas=True), list(fmap.groups)

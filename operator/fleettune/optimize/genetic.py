@@ -3,21 +3,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .options import StrategyOptions, integer, positive
 from .problem import Candidates, History
 from .strategy import Strategy, take_random
 
-DEFAULTS: dict[str, Any] = {"population": 20, "mutation": None, "tournament": 3}
+
+@dataclass(frozen=True)
+class GeneticOptions(StrategyOptions):
+    population: int = integer(
+        20, "Population size: the best this many evaluations breed; until there are as many, suggestions are random."
+    )
+    mutation: float | None = positive(
+        None, "Probability that a child's parameter is redrawn at random; default 1 / (number of parameters)."
+    )
+    tournament: int = integer(3, "Tournament size: each parent is the best of this many drawn from the population.")
 
 
 class Genetic(Strategy):
     name = "genetic"
+    Options = GeneticOptions
+    options: GeneticOptions
 
-    def __init__(self, candidates: Candidates, seed: int, options: dict[str, Any] | None = None) -> None:
-        super().__init__(candidates, seed, {**DEFAULTS, **(options or {})})
+    def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(candidates, seed, options)
         rows = candidates.rows
         self._values = [np.unique(rows[:, j]) for j in range(rows.shape[1])]
 
@@ -25,7 +39,7 @@ class Genetic(Strategy):
         rng = self.rng(history, pending)
         avail = available.copy()
         avail[pending] = False
-        size = self.options["population"]
+        size = self.options.population
         mine = np.flatnonzero((history.task == 1) & (history.cand >= 0))
         if len(mine) < size:
             return take_random(rng, avail, n)
@@ -34,13 +48,13 @@ class Genetic(Strategy):
         order = mine[np.lexsort((np.arange(len(mine)), value))]
         population = self.candidates.rows[history.cand[order[:size]]]
         d = population.shape[1]
-        p_mut = self.options["mutation"] or 1.0 / max(d, 1)
+        p_mut = self.options.mutation or 1.0 / max(d, 1)
         picks: list[int] = []
         for _ in range(n):
             if not avail.any():
                 break
-            a = population[min(rng.integers(size, size=self.options["tournament"]))]
-            b = population[min(rng.integers(size, size=self.options["tournament"]))]
+            a = population[min(rng.integers(size, size=self.options.tournament))]
+            b = population[min(rng.integers(size, size=self.options.tournament))]
             child = np.where(rng.random(d) < 0.5, a, b)
             for j in np.flatnonzero(rng.random(d) < p_mut):
                 child[j] = rng.choice(self._values[j])

@@ -181,7 +181,9 @@ class Posterior:
             return matern52(xc32, self.x32, self.ls).mul_(self.s2)
         return matern52(xc.to(torch.float64) - self.center, self.x, self.ls).mul_(self.s2)
 
-    def predict(self, xc: np.ndarray | torch.Tensor, *, chunk: int = PREDICT_CHUNK, fast: bool = True):
+    def predict(
+        self, xc: np.ndarray | torch.Tensor, *, chunk: int = PREDICT_CHUNK, fast: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Posterior mean and variance (latent, without noise) at the rows of ``xc``.
 
         ``fast``: the cross-covariances and the quadratic form in float32 (the two

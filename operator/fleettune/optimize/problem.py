@@ -13,7 +13,7 @@ at all when the rows come sorted).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -81,7 +81,9 @@ def index_dtype(rows: np.ndarray) -> np.dtype:
     return np.dtype(np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.int32)
 
 
-@dataclass
+Matrix = np.ndarray | LazyFeatures  # an (N, f) feature matrix, stored or computed when indexed
+
+
 class Candidates:
     """The finite set a study chooses from: index rows and their feature encoding.
 
@@ -92,49 +94,61 @@ class Candidates:
     """
 
     rows: np.ndarray  # (N, d) value indices
-    x: np.ndarray | LazyFeatures | None = None  # (N, f) encoding in [0, 1]
-    feature_groups: list[tuple[str, slice]] = field(default_factory=list)
-    xf: np.ndarray | LazyFeatures | None = None  # (N, f') inputs of the feasibility model; default: x
-    switches: tuple[int, ...] = ()  # row columns that choose a code path (features.switches)
-    features: FeatureFunction | None = field(default=None, repr=False)
-    _keys: np.ndarray | None = field(default=None, repr=False)
-    _order: np.ndarray | None = field(default=None, repr=False)
-    _radix: np.ndarray | None = field(default=None, repr=False)
-    _bytes: np.dtype | None = field(default=None, repr=False)  # set when the keys are the rows' bytes
+    x: Matrix  # (N, f) encoding in [0, 1]
+    xf: Matrix  # (N, f') inputs of the feasibility model; default: x
+    feature_groups: list[tuple[str, slice]]
+    switches: tuple[int, ...]  # row columns that choose a code path (features.switches)
+    features: FeatureFunction | None
 
-    def __post_init__(self) -> None:
-        rows = np.asarray(self.rows)
+    def __init__(
+        self,
+        rows: np.ndarray,
+        x: Matrix | None = None,
+        feature_groups: list[tuple[str, slice]] | None = None,
+        xf: Matrix | None = None,
+        switches: tuple[int, ...] = (),
+        features: FeatureFunction | None = None,
+    ) -> None:
+        self.feature_groups = list(feature_groups or [])
+        self.switches = tuple(switches)
+        self.features = features
+        self._order: np.ndarray | None = None
+        self._bytes: np.dtype | None = None  # set when the keys are the rows' bytes
+        rows = np.asarray(rows)
         self.rows = np.ascontiguousarray(rows, dtype=index_dtype(rows)).view()
         self.rows.flags.writeable = False  # (on this view only: the caller's array stays as it was)
-        if self.x is None:
-            if self.features is None:
+        if x is None:
+            if features is None:
                 raise ValueError("candidates need an encoding: x, or features to compute it from")
-            self.x = self._features(feas=False)
-            if self.xf is None:
-                self.xf = self._features(feas=True)
+            x = self._features(feas=False)
+            if xf is None:
+                xf = self._features(feas=True)
+        self.x = x
         if self.rows.ndim != 2 or self.x.shape[0] != self.rows.shape[0]:
             raise ValueError("candidate rows and encoding must have the same number of rows")
         if len(self.rows) == 0:
             raise ValueError("empty candidate set")
-        if self.xf is None:
-            self.xf = self.x
+        self.xf = x if xf is None else xf
         radix = (self.rows.max(axis=0).astype(np.int64) + 1) if len(self.rows) else np.ones(0, np.int64)
         # Mixed-radix integer keys make lookup a vectorised binary search; in spaces whose
         # unrestricted product overflows int64, each row's bytes are its key.
-        self._radix = radix
+        self._radix: np.ndarray = radix
         if float(np.prod(radix.astype(float))) >= 2.0**62:
             self._bytes = np.dtype((np.void, self.rows.shape[1] * self.rows.itemsize))
         keys = self._encode_keys(self.rows)
         if self._bytes is None and len(keys) > 1 and bool((keys[1:] > keys[:-1]).all()):
-            self._keys = keys  # already in order: no permutation to keep
+            self._keys: np.ndarray = keys  # already in order: no permutation to keep
         else:
             order = np.argsort(keys, kind="stable")
             self._keys = keys[order]
             self._order = order.astype(np.int32) if len(order) < 2**31 else order
 
-    def _features(self, feas: bool) -> np.ndarray | LazyFeatures:
-        assert self.features is not None
+    def __repr__(self) -> str:
+        return f"Candidates({len(self)} rows, {self.n_features} features)"
+
+    def _features(self, feas: bool) -> Matrix:
         fn = self.features
+        assert fn is not None
         width = fn.feasibility_width if feas else fn.width
         lazy = LazyFeatures(self.rows, lambda rows: fn(rows, feas=feas), width)
         return lazy.materialise() if lazy.nbytes <= MATERIALISE_BYTES else lazy
@@ -147,7 +161,6 @@ class Candidates:
         return int(self.x.shape[1])
 
     def _encode_keys(self, rows: np.ndarray) -> np.ndarray:
-        assert self._radix is not None
         if self._bytes is not None:  # (rows within the radix: they fit the stored type)
             return np.ascontiguousarray(rows, dtype=self.rows.dtype).view(self._bytes).reshape(-1)
         keys = np.zeros(len(rows), dtype=np.int64)
@@ -158,7 +171,6 @@ class Candidates:
     def lookup(self, rows: np.ndarray) -> np.ndarray:
         """Candidate number of each row, -1 where the row is not a candidate."""
         rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
-        assert self._radix is not None and self._keys is not None
         inside = np.all((rows >= 0) & (rows < self._radix), axis=1)
         out = np.full(len(rows), -1, dtype=np.int64)
         if inside.any():
@@ -177,7 +189,6 @@ class Candidates:
         rows = np.asarray(rows, dtype=np.int32).reshape(-1, self.rows.shape[1])
         if len(rows) == 0:
             return np.zeros(0, dtype=np.int64)
-        assert self._radix is not None
         radix = self._radix
         moves = _moves(rows, radix, limit=len(self.rows))
         if moves is not None:

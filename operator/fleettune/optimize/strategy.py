@@ -1,12 +1,17 @@
-"""The interface every search strategy implements."""
+"""The interface every search strategy implements, and the strategies by name."""
 
 from __future__ import annotations
 
+import importlib
+import time
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar
 
 import numpy as np
 
+from .options import Option, StrategyOptions, UnknownStrategyError
 from .problem import Candidates, History
 
 
@@ -16,18 +21,47 @@ class Strategy(ABC):
     the operator rebuilds studies from stored results after a restart and must get the
     same next suggestions, so no hidden state may depend on the call sequence (caches
     keyed by the history are fine).
+
+    Options: a strategy declares them as a `StrategyOptions` subclass in ``Options``;
+    ``self.options`` is that class resolved from the given values (defaults for the
+    others), and constructing a strategy with an unknown or invalid option raises
+    `OptionError`.
     """
 
-    name: str = "?"
+    name: ClassVar[str] = "?"
+    Options: ClassVar[type[StrategyOptions]] = StrategyOptions
 
-    def __init__(self, candidates: Candidates, seed: int, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
         self.candidates = candidates
         self.seed = int(seed)
-        self.options = dict(options or {})
+        self.options: StrategyOptions = self.Options.resolve(self.name, options)
+        # Wall time of the model fits of the current (or last) `propose`, None when it
+        # fitted nothing: a measurement for the operator's metrics, never an input.
+        self.fit_seconds: float | None = None
+        self._fit_depth = 0
 
     def rng(self, history: History, pending: np.ndarray, salt: int = 0) -> np.random.Generator:
         """A generator that depends only on the state, never on how often we were called."""
         return np.random.default_rng([self.seed, len(history), len(pending), salt, 0x5EED])
+
+    @contextmanager
+    def fitting(self) -> Iterator[None]:
+        """Count the wall time of the block as model fitting in ``fit_seconds`` (a block
+        inside another counts once, with the outer one)."""
+        self._fit_depth += 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._fit_depth -= 1
+            if self._fit_depth == 0:
+                self.fit_seconds = (self.fit_seconds or 0.0) + time.perf_counter() - start
+
+    def prior_dropped_after(self, history: History) -> int | None:
+        """Evaluations without improvement after which the strategy stopped using the
+        warm-start data (task 0) of ``history``; None while it uses them, or if it never
+        drops them."""
+        return None
 
     @abstractmethod
     def propose(self, n: int, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
@@ -40,3 +74,51 @@ def take_random(rng: np.random.Generator, available: np.ndarray, n: int) -> np.n
     if len(idx) <= n:
         return rng.permutation(idx)
     return rng.choice(idx, size=n, replace=False)
+
+
+class _Strategies(Mapping[str, type[Strategy]]):
+    """Strategy classes by name, each imported when first asked for: ``bayes`` brings in
+    torch (about 0.5 GiB resident), which an operator whose runs use ``random`` or
+    ``genetic`` should not pay for."""
+
+    _where: ClassVar[dict[str, tuple[str, str]]] = {
+        "bayes": ("bayes", "BayesOpt"), "random": ("random_search", "RandomSearch"), "genetic": ("genetic", "Genetic"),
+    }
+
+    def __getitem__(self, name: str) -> type[Strategy]:
+        module, cls = self._where[name]
+        found: type[Strategy] = getattr(importlib.import_module(f".{module}", __package__), cls)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+STRATEGIES: Mapping[str, type[Strategy]] = _Strategies()
+DEFAULT_STRATEGY = "bayes"
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The strategy called ``name``; UnknownStrategyError if there is none."""
+    if name not in STRATEGIES:
+        raise UnknownStrategyError(name, list(STRATEGIES))
+    return STRATEGIES[name]
+
+
+def validate_options(strategy: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Strategy ``strategy``'s options: its defaults updated with ``options``.
+
+    Raises `OptionError` (a ValueError with the option's name in ``key``; the message
+    does not name it) for an unknown option, listing the known ones, or a value the
+    option does not accept, and `UnknownStrategyError` for an unknown strategy.
+    """
+    return strategy_class(strategy).Options.resolve(strategy, options).as_dict()
+
+
+def describe_options(strategy: str) -> tuple[Option, ...]:
+    """Strategy ``strategy``'s options, in declaration order: name, default, doc and
+    accepted values (``expected``), for documentation and command lines."""
+    return strategy_class(strategy).Options.declared()

@@ -3,60 +3,27 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import logging
 import math
-import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from fleettune.space import SearchSpace
 from fleettune_job.protocol import Outcome
 
 from .features import FeatureMap, model_features, switches
 from .problem import Candidates, History, index_dtype
 from .stopping import stop_reason
-from .strategy import Strategy
+from .strategy import DEFAULT_STRATEGY, strategy_class
 
 log = logging.getLogger(__name__)
 
-StrategyFactory = Callable[[Candidates, int, dict[str, Any] | None], Strategy]
-
-
-class _Strategies(Mapping[str, StrategyFactory]):
-    """Strategy classes by name, each imported when first asked for: ``bayes`` brings in
-    torch (about 0.5 GiB resident), which an operator whose runs use ``random`` or
-    ``genetic`` should not pay for."""
-
-    _where: ClassVar[dict[str, tuple[str, str]]] = {
-        "bayes": ("bayes", "BayesOpt"), "random": ("random_search", "RandomSearch"), "genetic": ("genetic", "Genetic"),
-    }
-
-    def __getitem__(self, name: str) -> StrategyFactory:
-        module, cls = self._where[name]
-        return getattr(importlib.import_module(f".{module}", __package__), cls)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-
-STRATEGIES: Mapping[str, StrategyFactory] = _Strategies()
-DEFAULT_STRATEGY = "bayes"
 MAX_ENUMERATED = 2_000_000  # beyond this, candidates are a seeded sample of the valid set
 SAMPLED_CANDIDATES = 200_000
-
-
-def strategy_options(name: str) -> tuple[Mapping[str, Any], frozenset[str]]:
-    """A strategy's options with their defaults, and the integer options that 0 switches off."""
-    module = sys.modules[STRATEGIES[name].__module__]
-    return getattr(module, "DEFAULTS", {}), getattr(module, "OFF_WITH_ZERO", frozenset())
-
 
 PriorObservation = tuple[dict[str, Any], Outcome, float | None]
 
@@ -67,13 +34,13 @@ _SHARED: weakref.WeakValueDictionary[tuple[Any, ...], Candidates] = weakref.Weak
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_candidates(space: Any, rows: np.ndarray) -> Candidates:
+def shared_candidates(space: SearchSpace, rows: np.ndarray) -> Candidates:
     """The candidate set of ``rows`` in ``space`` (features computed from the space's
     parameters), the same object for every study with equal parameters and rows."""
-    params = getattr(space, "parameters", None)
+    params = space.parameters
     if rows.dtype.kind not in "iu":
         rows = rows.astype(np.int32)
-    if not params:  # no typed parameters: the space's own encoding, not shared
+    if not params:  # a space without parameters: its own encoding, not shared
         x, xf, groups = model_features(space, rows)
         return Candidates(rows, x, groups, xf, switches(space))
     rows = np.ascontiguousarray(rows, dtype=index_dtype(rows))  # what Candidates keeps: equal sets, equal keys
@@ -107,22 +74,26 @@ class Study:
 
     def __init__(
         self,
-        space: Any,
+        space: SearchSpace,
         strategy: str = DEFAULT_STRATEGY,
         seed: int = 0,
         candidates: np.ndarray | None = None,
         prior: Iterable[PriorObservation] = (),
-        options: dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; known: {sorted(STRATEGIES)}")
+        factory = strategy_class(strategy)  # UnknownStrategyError
         self.space = space
         self.strategy_name = strategy
         self.seed = int(seed)
         if candidates is None:
             candidates = self._default_candidates(space, self.seed)
         self.candidates = shared_candidates(space, np.asarray(candidates))
-        self.strategy = STRATEGIES[strategy](self.candidates, self.seed, options)
+        self.strategy = factory(self.candidates, self.seed, options)  # OptionError
+        # Wall time the strategy spent fitting its models during the last `suggest`
+        # (hyperparameters when a refit is due, and conditioning the models on the data;
+        # not scoring the candidates); None when it fitted nothing (random, genetic, the
+        # initial design).
+        self.last_fit_seconds: float | None = None
         self.history = History.empty(self.candidates.n_features, self.candidates.xf.shape[1])
         self._observed = np.zeros(len(self.candidates), dtype=bool)
         self._lock = threading.Lock()
@@ -139,9 +110,9 @@ class Study:
             self.n_prior += 1
 
     @staticmethod
-    def _default_candidates(space: Any, seed: int) -> np.ndarray:
+    def _default_candidates(space: SearchSpace, seed: int) -> np.ndarray:
         if space.count() <= MAX_ENUMERATED:
-            sizes = getattr(space, "sizes", None)
+            sizes = space.sizes
             if sizes:  # rows as narrow as the candidates will keep them: no int32 copy on the way
                 return np.asarray(space.enumerate(dtype=index_dtype(np.asarray([max(sizes) - 1]))))
             return np.asarray(space.enumerate())
@@ -191,6 +162,7 @@ class Study:
         """``n`` distinct configurations, never observed and not pending (fewer only when
         the candidates run out)."""
         with self._lock:
+            self.last_fit_seconds = self.strategy.fit_seconds = None
             pend = np.zeros(0, dtype=np.int64)
             if pending:
                 rows = np.asarray(self.space.to_rows(list(pending)), dtype=np.int32)
@@ -208,6 +180,8 @@ class Study:
                 # round falls back to random candidates, the next one tries the model again.
                 log.warning("strategy %s failed (%s); suggesting random candidates", self.strategy_name, exc)
                 picks = []
+            finally:
+                self.last_fit_seconds = self.strategy.fit_seconds
             out: list[int] = []
             for c in picks:  # defensive: a strategy bug must not produce duplicates
                 if 0 <= c < len(available) and available[c] and c not in out:
@@ -235,8 +209,15 @@ class Study:
     @property
     def prior_dropped(self) -> bool:
         """Whether the strategy has stopped using the warm-start data (it misled the search)."""
-        misleads = getattr(self.strategy, "prior_misleads", None)
-        return bool(self.n_prior) and misleads is not None and bool(misleads(self.history))
+        return self.prior_dropped_after is not None
+
+    @property
+    def prior_dropped_after(self) -> int | None:
+        """When the strategy has stopped using the warm-start data: after how many
+        evaluations without improvement it did (None while it uses them or has none)."""
+        if not self.n_prior:
+            return None
+        return self.strategy.prior_dropped_after(self.history)
 
     @property
     def best(self) -> tuple[dict[str, Any], float] | None:
@@ -247,19 +228,27 @@ class Study:
         config = self.space.to_configs(self._rows[i].reshape(1, -1))[0]
         return config, float(self.history.value[i])
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether every candidate has been observed."""
+        return not (~self._observed).any()
+
     def should_stop(
         self,
         budget: int | None = None,
         patience: int | None = None,
         target: float | None = None,
-        deadline: float | None = None,
+        deadline_s: float | None = None,
+        elapsed_s: float = 0.0,
     ) -> str | None:
-        """Reason to stop ("budget", "patience", "target", "deadline", "exhausted") or None."""
+        """Reason to stop ("exhausted", "budget", "target", "patience", "deadline") or None
+        (see `stopping.stop_reason`; ``elapsed_s``: seconds since the round started)."""
         return stop_reason(
             self._current_values(),
             budget=budget,
             patience=patience,
             target=target,
-            deadline=deadline,
-            exhausted=not (~self._observed).any(),
+            deadline_s=deadline_s,
+            elapsed_s=elapsed_s,
+            exhausted=self.exhausted,
         )

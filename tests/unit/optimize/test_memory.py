@@ -1,6 +1,6 @@
 """What a Study keeps in memory: compact index rows, features computed on demand for large
-candidate sets, one candidate set shared by the studies of one space (issue 21, item 5;
-the figures are in docs/memory.md, from `fleettune bench memory`)."""
+candidate sets, one candidate set shared by the studies of one space (the figures are in
+docs/memory.md, from `fleettune bench memory`)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ FAST = {"fit_iter": 20}
 
 def _arrays(obj: object) -> dict[int, int]:
     """Bytes of the distinct numpy/torch buffers reachable from a study (not its space)."""
-    from fleettune.bench.memory import _buffers
+    from fleettune_dev.bench.memory import _buffers
 
     return dict(_buffers(obj))
 
@@ -102,7 +102,7 @@ def test_lazy_and_materialised_features_suggest_the_same(space, fresh):
     rng = np.random.default_rng(4)
     prior = [(c, *evaluate(c)) for c in (configs[i] for i in rng.choice(len(configs), 30, replace=False))]
     options = {**FAST, "max_pool": 200, "initial": 4}
-    fresh.setattr("fleettune.optimize.bayes.PREDICT_CHUNK", 100)  # the prior mean in several chunks
+    fresh.setattr("fleettune.optimize.warm.PREDICT_CHUNK", 100)  # the prior mean in several chunks
     runs = []
     for limit in (problem.MATERIALISE_BYTES, 0):
         fresh.setattr(problem, "MATERIALISE_BYTES", limit)

@@ -79,7 +79,8 @@ def test_best_and_stopping(space):
     assert study.should_stop(budget=30) == "budget"
     assert study.should_stop(budget=31) is None
     assert study.should_stop(target=value + 1e-9) == "target"
-    assert study.should_stop(deadline=0.0) == "deadline"
+    assert study.should_stop(deadline_s=60, elapsed_s=61.0) == "deadline"
+    assert study.should_stop(deadline_s=60, elapsed_s=60.0) is None
 
 
 def test_stop_rules_on_traces():
@@ -91,8 +92,10 @@ def test_stop_rules_on_traces():
     assert stop_reason(np.array([nan] * 5), patience=5) == "patience"
     assert stop_reason(trace, budget=8) == "budget" and stop_reason(trace, budget=9) is None
     assert stop_reason(trace, target=4.0) == "target" and stop_reason(trace, target=3.9) is None
-    assert stop_reason(trace, deadline=100.0, now=99.0) is None
-    assert stop_reason(trace, deadline=100.0, now=100.0) == "deadline"
+    # A deadline counts seconds since the round started, as `budget.deadlineSeconds` does.
+    assert stop_reason(trace, deadline_s=100.0, elapsed_s=100.0) is None
+    assert stop_reason(trace, deadline_s=100.0, elapsed_s=100.5) == "deadline"
+    assert stop_reason(trace, deadline_s=100.0) is None
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -187,7 +190,7 @@ def test_residual_warm_start_learns_what_changed(space, optimum):
              for c in sample]
     study = Study(space, seed=0, prior=prior, options=FAST)
     trace, _ = run(study, 15)
-    assert study.strategy._residual(study.history)  # the residual model is in charge
+    assert study.strategy.warm.residual(study.history)  # the residual model is in charge
     assert optimum / trace[-1] >= 0.97, optimum / trace
     # rebuilt from prior + history (an operator restart), it suggests the same
     again = Study(space, seed=0, prior=prior, options=FAST)
@@ -297,8 +300,45 @@ def test_a_prior_that_leaves_the_study_stalled_is_dropped(space):
 
     warm = study(True, 13)  # 12 evaluations without improvement
     assert warm.strategy.prior_misleads(warm.history) and warm.prior_dropped
+    assert warm.prior_dropped_after == 12  # what the operator says in the pool's message
     assert warm.suggest(2) == study(False, 13).suggest(2)
     early = study(True, 12)  # 11: not yet
     assert not early.strategy.prior_misleads(early.history) and not early.prior_dropped
+    assert early.prior_dropped_after is None
     assert not study(False, 13).prior_dropped  # nothing to drop
     assert early.suggest(2) != study(False, 12).suggest(2)
+
+
+def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
+    """`last_fit_seconds` feeds fleettune_model_fit_duration_seconds: the time the last
+    suggestion spent fitting models (hyperparameters when a refit is due, conditioning on
+    the data always), None when it fitted none."""
+    import time
+
+    import fleettune.optimize.bayes as bayes
+
+    fits = []
+
+    def slow_fit(*args, **kwargs):
+        fits.append(1)
+        time.sleep(0.05)
+        return fit(*args, **kwargs)
+
+    fit = bayes.fit_hyper
+    monkeypatch.setattr(bayes, "fit_hyper", slow_fit)
+    study = Study(space, seed=0, options={**FAST, "initial": 4})
+    seen = []
+    for _ in range(14):
+        before = len(fits)
+        (c,) = study.suggest(1)
+        study.observe(c, *evaluate(c))
+        seen.append((len(fits) - before, study.last_fit_seconds))
+    assert seen[0] == (0, None)  # the initial design fits nothing
+    refits = [(n, seconds) for n, seconds in seen if n]
+    assert len(refits) >= 3 and all(seconds >= 0.05 * n for n, seconds in refits)  # refits are timed...
+    assert all(seconds is not None and seconds > 0 for _, seconds in seen[-4:])  # ... and so is conditioning the model
+    assert study.suggest(0) == [] and study.last_fit_seconds is None
+    for strategy in ("random", "genetic"):
+        other = Study(space, strategy=strategy, seed=0)
+        feed(other, 25)
+        assert other.last_fit_seconds is None

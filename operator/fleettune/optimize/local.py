@@ -1,0 +1,75 @@
+"""Which candidates the Bayesian strategy scores when there are too many to score all:
+a fresh random subset plus the neighbourhoods of the best points found so far, refined
+by a BaCO-style multi-start local search on the acquisition."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .acquisition import log_ei
+from .problem import Candidates, History
+
+Scores = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # posterior mean, variance, log P(feasible)
+
+
+def scoring_pool(
+    candidates: Candidates,
+    history: History,
+    available: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    limit: int,
+    starts: int,
+) -> tuple[np.ndarray, bool]:
+    """Candidates to score exactly (at most about ``limit``), and whether that is a subset
+    of the available."""
+    idx = np.flatnonzero(available)
+    if len(idx) <= limit:
+        return idx, False
+    # Too many to score: a fresh random subset plus the neighbourhoods of the best
+    # points found so far (BaCO's local search starts from those too).
+    sample = rng.choice(idx, size=limit // 2, replace=False)
+    cur = np.flatnonzero(history.feasible & (history.task == 1) & (history.cand >= 0))
+    best = cur[np.argsort(history.value[cur], kind="stable")[:starts]]
+    near = candidates.hamming_neighbours(candidates.rows[history.cand[best]])
+    out = np.unique(np.concatenate([sample, near]))
+    return out[available[out]], True
+
+
+def local_search(
+    candidates: Candidates,
+    pool: np.ndarray,
+    scores: Scores,
+    avail: np.ndarray,
+    score: Callable[[np.ndarray], Scores],
+    best: float,
+    *,
+    power: float,
+    rounds: int,
+    starts: int,
+) -> tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the ``starts`` best scored candidates (acquisition: LogEI + ``power`` x log
+    P(feasible)), score their one-move neighbourhoods; repeat while that improves, at most
+    ``rounds`` times. Returns the scored candidates and their scores, extended."""
+    mean, var, log_pf = scores
+    seen = np.zeros(len(candidates), dtype=bool)
+    seen[pool] = True
+    acq = log_ei(mean, var, best) + power * log_pf
+    for _ in range(rounds):
+        top = pool[torch.topk(acq, min(starts, len(acq))).indices.numpy()]
+        near = candidates.hamming_neighbours(candidates.rows[top])
+        near = near[avail[near] & ~seen[near]]
+        if len(near) == 0:
+            break
+        seen[near] = True
+        m, v, lp = score(near)
+        a = log_ei(m, v, best) + power * lp
+        improved = bool(a.max() > acq.max())
+        pool = np.concatenate([pool, near])
+        mean, var, log_pf, acq = (torch.cat(t) for t in ((mean, m), (var, v), (log_pf, lp), (acq, a)))
+        if not improved:
+            break
+    return pool, mean, var, log_pf

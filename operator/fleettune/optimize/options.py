@@ -1,0 +1,133 @@
+"""Strategy options as data: each strategy declares its options, with their defaults,
+what they do and which values they accept, as a frozen dataclass (`StrategyOptions`).
+
+The declaration is the one place an option exists: the strategy reads the resolved,
+typed object (``self.options.initial``), the operator validates a TuningRun's
+``spec.strategy.options`` against it (`fleettune.optimize.validate_options`), and the
+documentation and the command line list it (`fleettune.optimize.describe_options`).
+
+Declaring an option::
+
+    @dataclass(frozen=True)
+    class MyOptions(StrategyOptions):
+        initial: int = integer(10, "size of the space-filling design")
+        growth: float = positive(0.25, "refit when the history grew by this fraction")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, Self
+
+_OPTION = "fleettune.option"  # dataclass field metadata key: the field's `_Check`
+
+
+class OptionError(ValueError):
+    """A strategy option that does not exist or has a value the option does not accept.
+
+    ``key`` is the option's name; ``str(error)`` says what is wrong without naming it, so
+    that the caller can prefix where the option came from (``spec.strategy.options.<key>:``).
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.message = message
+
+
+class UnknownStrategyError(ValueError):
+    """A strategy name that is not one of `fleettune.optimize.STRATEGIES`."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"{name!r} is not a strategy (strategies: {', '.join(sorted(known))})")
+        self.name = name
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a strategy, as documentation and validation see it."""
+
+    name: str
+    default: Any
+    doc: str
+    expected: str  # the values it accepts, in words ("an integer >= 1")
+    accepts: Callable[[Any], bool] = field(repr=False, compare=False)
+
+    def check(self, value: Any) -> Any:
+        """``value`` if the option accepts it; OptionError otherwise."""
+        if not self.accepts(value):
+            raise OptionError(self.name, f"expected {self.expected}, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class _Check:
+    doc: str
+    expected: str
+    accepts: Callable[[Any], bool]
+
+
+def _declare(default: Any, doc: str, expected: str, accepts: Callable[[Any], bool]) -> Any:
+    return field(default=default, metadata={_OPTION: _Check(doc, expected, accepts)})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(default: int, doc: str, *, low: int = 1) -> Any:
+    """An integer option of at least ``low`` (0 where 0 switches a behaviour off)."""
+    return _declare(default, doc, f"an integer >= {low}", lambda v: _is_int(v) and v >= low)
+
+
+def positive(default: float | None, doc: str) -> Any:
+    """A finite positive number (int or float); a default of None means "automatic"."""
+    return _declare(default, doc, "a positive number", lambda v: _is_number(v) and v > 0)
+
+
+def one_of(default: str, doc: str, choices: tuple[str, ...]) -> Any:
+    """One of a few words."""
+    expected = "one of " + ", ".join(repr(c) for c in choices)
+    return _declare(default, doc, expected, lambda v: isinstance(v, str) and v in choices)
+
+
+def boolean(default: bool, doc: str) -> Any:
+    return _declare(default, doc, "a boolean", lambda v: isinstance(v, bool))
+
+
+@dataclass(frozen=True)
+class StrategyOptions:
+    """The options of a strategy: subclasses declare them as fields made with `integer`,
+    `positive`, `one_of` or `boolean`. The base class has none."""
+
+    @classmethod
+    def declared(cls) -> tuple[Option, ...]:
+        """The options, in declaration order."""
+        out = []
+        for f in fields(cls):
+            check: _Check = f.metadata[_OPTION]
+            default = None if f.default is MISSING else f.default
+            out.append(Option(f.name, default, check.doc, check.expected, check.accepts))
+        return tuple(out)
+
+    @classmethod
+    def resolve(cls, strategy: str, given: Mapping[str, Any] | None = None) -> Self:
+        """The defaults updated with ``given``, each value checked: OptionError names the
+        first unknown option (listing the known ones) or value not accepted."""
+        declared = {o.name: o for o in cls.declared()}
+        values = {}
+        for key, value in (given or {}).items():
+            if key not in declared:
+                known = ", ".join(sorted(declared)) or "none"
+                raise OptionError(key, f"not an option of strategy {strategy!r} (options: {known})")
+            values[key] = declared[key].check(value)
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
