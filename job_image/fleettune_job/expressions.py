@@ -155,22 +155,22 @@ def _eval(node: ast.AST, names: Mapping[str, Number], ps: Sequence[int], text: s
         case ast.BoolOp(op=op, values=values):
             if isinstance(op, ast.And):
                 result: Any = True
-                for value in values:
-                    result = _eval(value, names, ps, text)
+                for operand_node in values:
+                    result = _eval(operand_node, names, ps, text)
                     if not result:
                         return result
                 return result
             result = False
-            for value in values:
-                result = _eval(value, names, ps, text)
+            for operand_node in values:
+                result = _eval(operand_node, names, ps, text)
                 if result:
                     return result
             return result
         case ast.Compare(left=left, ops=ops, comparators=comparators):
             lhs = _eval(left, names, ps, text)
-            for op, comparator in zip(ops, comparators, strict=True):
+            for cmp_op, comparator in zip(ops, comparators, strict=True):
                 rhs = _eval(comparator, names, ps, text)
-                if not _COMPARE[type(op)](lhs, rhs):
+                if not _COMPARE[type(cmp_op)](lhs, rhs):
                     return False
                 lhs = rhs
             return True

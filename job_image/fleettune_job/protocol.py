@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Final = 1
 MAX_MESSAGE_BYTES = 4096  # kubelet truncates termination messages at 4 KiB
 TRIAL_ENV = "FLEETTUNE_TRIAL"
 TERMINATION_LOG = "/dev/termination-log"

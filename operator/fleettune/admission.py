@@ -12,7 +12,8 @@ Helm chart sets from ``trialPolicy`` values), never the run's:
   is a glob over the whole reference; one ending in ``/`` allows every repository under
   it; anything else is a repository (any tag or digest of exactly it). The repository of
   the operator's own job image (``FLEETTUNE_JOB_IMAGE``) is always allowed, and is all
-  that is allowed when the variable is unset.
+  that is allowed when the variable is unset;
+* ``FLEETTUNE_JOB_IMAGE``: the image of trials whose run names none (`default_job_image`).
 
 Also here: node selectors the API server would refuse in a Pod (an invalid label key or
 value can match no node and would only make every Job creation fail).
@@ -31,12 +32,19 @@ from fleettune.names import bounded
 
 ALLOW_PRIVILEGED_ENV = "FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"
 ALLOWED_IMAGES_ENV = "FLEETTUNE_ALLOWED_IMAGES"
+JOB_IMAGE_ENV = "FLEETTUNE_JOB_IMAGE"
+DEFAULT_JOB_IMAGE = "ghcr.io/fleettune/job:0.1.0"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def default_job_image() -> str:
+    """The image of runs that name none: the chart sets FLEETTUNE_JOB_IMAGE on the operator."""
+    return os.environ.get(JOB_IMAGE_ENV) or DEFAULT_JOB_IMAGE
 
 
 class AdmissionError(ValueError):
@@ -83,15 +91,13 @@ class TrialPolicy:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrialPolicy:
-        from fleettune.jobs import default_job_image
-
         env = os.environ if env is None else env
         raw = env.get(ALLOW_PRIVILEGED_ENV, "").strip().lower()
         if raw not in _TRUE | _FALSE:
             # A typo must not open the door: anything but a clear "true" is false.
             raw = "false"
         patterns = tuple(p.strip() for p in env.get(ALLOWED_IMAGES_ENV, "").split(",") if p.strip())
-        job_image = env.get("FLEETTUNE_JOB_IMAGE") or default_job_image()
+        job_image = env.get(JOB_IMAGE_ENV) or default_job_image()
         return cls(allow_privileged=raw in _TRUE, allowed_images=patterns, job_image=job_image)
 
     def image_allowed(self, image: str) -> bool:

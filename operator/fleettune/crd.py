@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from fleettune import GROUP, KIND, PLURAL, VERSION
 from fleettune.api import TuningRunSpec, TuningRunStatus
@@ -77,7 +78,7 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def model_schema(model: type) -> dict[str, Any]:
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(raw, raw.get("$defs", {}))
 

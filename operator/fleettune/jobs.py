@@ -10,28 +10,18 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
+from fleettune.admission import TrialPolicy, default_job_image
 from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune.labels import CONFIG_ANNOTATION, MANAGED_BY, MANAGER, RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune.names import label_value
-from fleettune.publish import size_key
 from fleettune_job.protocol import CONTAINER_NAME, INVALID_CONFIG_EXIT_CODES, TERMINATION_LOG, TRIAL_ENV, Trial
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-RUN_LABEL = f"{GROUP}/run"
-TARGET_LABEL = f"{GROUP}/target"
-TRIAL_LABEL = f"{GROUP}/trial"
-CONFIG_ANNOTATION = f"{GROUP}/config"
 NON_ROOT_UID = 10001
-DEFAULT_JOB_IMAGE = "ghcr.io/fleettune/job:0.1.0"
 
-
-def default_job_image() -> str:
-    """The image of runs that name none: the chart sets FLEETTUNE_JOB_IMAGE on the operator."""
-    return os.environ.get("FLEETTUNE_JOB_IMAGE") or DEFAULT_JOB_IMAGE
 # The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
 # deadline is only a backstop, so it also allows for image pulls and start-up.
 STARTUP_ALLOWANCE_S = 120
@@ -58,17 +48,7 @@ def run_label(run: str) -> str:
 
 
 def run_selector(run: str) -> str:
-    return f"{MANAGED_BY}=fleettune,{RUN_LABEL}={run_label(run)}"
-
-
-def target_key(target: str, size: Sequence[int], several: bool) -> str:
-    """What a run's trials of one target and problem size are labelled with: the target's
-    name, or ``name.4096x4096`` when the run tunes several sizes (target names have no dots)."""
-    return f"{target}.{size_key(size)}" if several else target
-
-
-def target_of_key(key: str) -> str:
-    return key.split(".", 1)[0]
+    return f"{MANAGED_BY}={MANAGER},{RUN_LABEL}={run_label(run)}"
 
 
 KERNEL_DIR = "/etc/fleettune/kernel"
@@ -137,8 +117,6 @@ def with_node_expressions(affinity: dict[str, Any] | None, expressions: list[dic
 
 
 def _security(target: TargetSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    from fleettune.admission import TrialPolicy
-
     # The run is checked against the operator's trial policy before any Job is rendered;
     # this is the second lock on the same door.
     if target.allow_privileged and TrialPolicy.from_env().allow_privileged:
@@ -178,10 +156,10 @@ def render_job(
     """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
     tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
     shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
-    (see `target_key`)."""
+    (see `fleettune.sizes.pool_key`)."""
     key = key or target.name
     trial = make_trial(run, spec, target, index, config, key, problem_size, source_digest)
-    labels = {MANAGED_BY: "fleettune", RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
+    labels = {MANAGED_BY: MANAGER, RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
     pod_security, container_security = _security(target)
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]

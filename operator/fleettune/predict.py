@@ -1,250 +1,37 @@
-"""Recommend a configuration for a problem size that was never tuned (`fleettune predict`).
+"""`fleettune predict`: recommend a configuration for a problem size that was never tuned,
+from the stored results of a TuningRun (or, offline, Kernel Tuner caches of tuned sizes).
 
-Model, from the results of the tuned sizes of one pool:
-
-* **scale**: how the best time grows with the problem. ``log best_time`` is a linear
-  function of ``log(volume)`` (volume = product of the size's dimensions), fitted over
-  the tuned sizes with its slope shrunk towards 1 ("time ∝ work"); with one tuned size
-  the slope is 1.
-* **shape**: how much slower than that size's best each configuration is,
-  ``r = log t - log best_time(size)``, as a Gaussian process over the configuration's
-  model features (the optimiser's type-aware encoding) plus ``log2`` of each size
-  dimension — so the model shares what it learns across sizes, and an optimum that
-  drifts with the size (bigger tiles for bigger problems) is followed rather than copied.
-* **recommendation**: among configurations measured valid at some tuned size and never
-  failed (compile and resource failures do not depend on the size), or every valid
-  configuration when the space is small, the lowest *pessimistic* prediction
-  ``mean + std`` of ``r`` at the requested size: a configuration known to be good
-  beats one the model merely hopes is good.
-  ``predicted_ms = exp(scale(size) + mean)``.
-
-An exactly tuned size returns its measured best. With a single tuned size nothing can be
-learnt about how the landscape moves: its best is returned, its time scaled by volume.
+The model is `fleettune.prediction`'s (also used by the operator for `spec.predictFor`);
+this module reads the results and prints its recommendation.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
+from fleettune import prediction
+from fleettune.prediction import Observations, Records, observations, recommend
+from fleettune.sizes import ProblemSize, parse_size, problem_size, size_key, target_of_key
 
-from fleettune_job.protocol import Outcome
-
-Size = tuple[int, ...]
-Records = Mapping[Size, Sequence[tuple[dict[str, Any], float | None]]]
-
-SLOPE_PRIOR_WEIGHT = 1.0  # pseudo-observations (in log-volume units²) pulling the slope to 1
-MAX_TRAIN = 600  # GP training points: the best of every size first, then a spread of the rest
-MAX_ENUMERATE = 50_000  # below this many valid configurations, rank all of them
-PESSIMISM = 1.0  # recommend by mean + PESSIMISM * std of the predicted slow-down
+if TYPE_CHECKING:
+    from fleettune.results import TrialRecord
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    config: dict[str, Any]
-    predicted_ms: float
-    basis: str
+def _cache_records(paths: Sequence[str]) -> tuple[Any, dict[ProblemSize, Observations]]:
+    from fleettune.space.kernel_tuner import read_kernel_tuner_cache
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "predictedMs": round(self.predicted_ms, 6), "basis": self.basis}
-
-
-def observations(records: Iterable[Any]) -> list[tuple[dict[str, Any], float | None]]:
-    """(configuration, time in ms or None for an invalid configuration) of the stored
-    records that observe their configuration (infrastructure failures do not)."""
-    return [(r.config, r.objective if r.outcome == Outcome.OK else None) for r in records if r.is_observation]
-
-
-def parse_size(text: str) -> Size:
-    try:
-        size = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
-    except ValueError:
-        raise ValueError(f"problem size {text!r}: expected integers like 2048,2048") from None
-    if not size or any(s <= 0 for s in size):
-        raise ValueError(f"problem size {text!r}: expected positive integers like 2048,2048")
-    return size
-
-
-def size_text(size: Sequence[int]) -> str:
-    return "x".join(str(s) for s in size)
-
-
-def _log_volume(size: Sequence[int]) -> float:
-    return float(sum(math.log(s) for s in size))
-
-
-def _distance(a: Size, b: Size) -> float:
-    """Octaves between two sizes (Euclidean over log2 of the dimensions)."""
-    return float(np.linalg.norm(np.log2(np.asarray(a, float)) - np.log2(np.asarray(b, float))))
-
-
-def _key(row: np.ndarray) -> bytes:
-    return np.asarray(row, dtype=np.int32).tobytes()
-
-
-@dataclass
-class _Data:
-    rows: dict[Size, np.ndarray]  # valid rows per size
-    logt: dict[Size, np.ndarray]  # their log times
-    failed: set[bytes]  # rows that failed at some size
-
-
-def _collect(space: Any, records_by_size: Records) -> _Data:
-    rows, logt, failed = {}, {}, set()
-    for size, recs in records_by_size.items():
-        ok = [(c, t) for c, t in recs if t is not None and math.isfinite(t) and t > 0]
-        for c, t in recs:
-            if t is None or not math.isfinite(t) or t <= 0:
-                failed.add(_key(np.asarray(space.to_rows([c]))[0]))
-        if ok:
-            r = np.asarray(space.to_rows([c for c, _ in ok]), dtype=np.int32)
-            y = np.log(np.array([t for _, t in ok], dtype=np.float64))
-            # Repeated measurements of one configuration at one size: keep the mean.
-            uniq, inv = np.unique(r, axis=0, return_inverse=True)
-            rows[tuple(size)] = uniq
-            logt[tuple(size)] = np.bincount(inv.ravel(), weights=y) / np.bincount(inv.ravel())
-    return _Data(rows, logt, failed)
-
-
-def fit_scale(best_by_size: Mapping[Size, float]) -> tuple[float, float]:
-    """(intercept, slope) of log best time against log volume, slope shrunk towards 1."""
-    xs = np.array([_log_volume(s) for s in best_by_size])
-    ys = np.array([math.log(t) for t in best_by_size.values()])
-    x0, y0 = xs.mean(), ys.mean()
-    dx = xs - x0
-    slope = (float(dx @ (ys - y0)) + SLOPE_PRIOR_WEIGHT) / (float(dx @ dx) + SLOPE_PRIOR_WEIGHT)
-    return y0 - slope * x0, slope
-
-
-def _train_subset(data: _Data, rng: np.random.Generator) -> list[tuple[Size, np.ndarray]]:
-    """Indices per size to train on: every size's best configurations always, the rest
-    spread evenly, at most MAX_TRAIN in all."""
-    total = sum(len(v) for v in data.logt.values())
-    if total <= MAX_TRAIN:
-        return [(s, np.arange(len(y))) for s, y in data.logt.items()]
-    share = max(8, MAX_TRAIN // len(data.logt))
-    out = []
-    for s, y in data.logt.items():
-        order = np.argsort(y, kind="stable")
-        top, rest = order[: share // 2], order[share // 2 :]
-        pick = rng.choice(rest, size=min(len(rest), share - len(top)), replace=False) if len(rest) else rest
-        out.append((s, np.concatenate([top, np.sort(pick)])))
-    return out
-
-
-def _candidates(space: Any, data: _Data) -> np.ndarray:
-    measured = np.unique(np.vstack(list(data.rows.values())), axis=0)
-    if space.count() <= MAX_ENUMERATE:
-        every = np.asarray(space.enumerate(), dtype=np.int32)
-        measured = np.unique(np.vstack([measured, every]), axis=0)
-    keep = np.array([_key(r) not in data.failed for r in measured], dtype=bool)
-    return measured[keep]
-
-
-def recommend(space: Any, records_by_size: Records, size: Sequence[int], *, seed: int = 0) -> Recommendation:
-    """A configuration for ``size`` from the results of other sizes of the same pool.
-
-    ``records_by_size``: size → [(config, time in ms, or None for a failed trial)].
-    """
-    size = tuple(int(s) for s in size)
-    data = _collect(space, records_by_size)
-    if not data.rows:
-        raise ValueError("no valid result at any tuned size: nothing to recommend from")
-    dims = {len(s) for s in data.rows}
-    if dims != {len(size)}:
-        raise ValueError(f"problem size {size_text(size)} has {len(size)} dimension(s); "
-                         f"the tuned sizes have {sorted(dims)}")
-    best_idx = {s: int(np.argmin(y)) for s, y in data.logt.items()}
-    best_ms = {s: float(math.exp(data.logt[s][i])) for s, i in best_idx.items()}
-    nearest = min(data.rows, key=lambda s: (_distance(s, size), s))
-    if size in data.rows:
-        cfg = space.to_configs(data.rows[size][best_idx[size]].reshape(1, -1))[0]
-        return Recommendation(cfg, best_ms[size], f"measured: best of {len(data.rows[size])} results at this size")
-    intercept, slope = fit_scale(best_ms)
-    scale = intercept + slope * _log_volume(size)
-    if len(data.rows) == 1:
-        cfg = space.to_configs(data.rows[nearest][best_idx[nearest]].reshape(1, -1))[0]
-        return Recommendation(
-            cfg, math.exp(scale),
-            f"only one tuned size ({size_text(nearest)}): its best configuration, time scaled by problem volume",
-        )
-    return _gp_recommend(space, data, size, scale, slope, nearest, seed)
-
-
-def _size_features(size: Size, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
-    return (np.log2(np.asarray(size, dtype=np.float64)) - lo) / span
-
-
-def _gp_recommend(space: Any, data: _Data, size: Size, scale: float, slope: float, nearest: Size,
-                  seed: int) -> Recommendation:
-    import torch
-
-    from fleettune.optimize.features import model_features
-    from fleettune.optimize.gp import Posterior, fit_hyper
-
-    sizes = sorted(data.rows)
-    logs = np.log2(np.asarray(sizes, dtype=np.float64))
-    lo = logs.min(axis=0)
-    # One unit = the tuned range of a dimension (at least one octave): the GP's length-scale
-    # prior is set for features in [0, 1].
-    span = np.maximum(logs.max(axis=0) - lo, 1.0)
-    cand = _candidates(space, data)
-    # Features of training rows and candidates together, so both are normalised alike.
-    train = _train_subset(data, np.random.default_rng(seed))
-    train_rows = np.vstack([data.rows[s][i] for s, i in train])
-    feats, _, _ = model_features(space, np.vstack([train_rows, cand]))
-    x_cfg, x_cand = feats[: len(train_rows)], feats[len(train_rows) :]
-    x_size = np.vstack([np.tile(_size_features(s, lo, span), (len(i), 1)) for s, i in train])
-    x = np.hstack([x_cfg, x_size])
-    # Slow-down relative to each size's best: 0 at the optimum, the same scale at every size.
-    r = np.concatenate([data.logt[s][i] - data.logt[s].min() for s, i in train])
-    mu, sd = float(r.mean()), float(r.std()) or 1.0
-    z = (r - mu) / sd
-    noise = np.full(len(z), 1e-4)
-    hyper = fit_hyper(x, z, noise, max_iter=60)
-    gp = Posterior(x, z, noise, hyper)
-    xq = np.hstack([x_cand, np.tile(_size_features(size, lo, span), (len(x_cand), 1))])
-    mean, var = gp.predict(torch.as_tensor(xq), fast=False)
-    mean = mean.numpy() * sd + mu
-    std = np.sqrt(var.numpy()) * sd
-    score = mean + PESSIMISM * std
-    j = int(np.argmin(score))
-    cfg = space.to_configs(cand[j].reshape(1, -1))[0]
-    measured_at = [s for s in sizes if (data.rows[s] == cand[j]).all(axis=1).any()]
-    where = ", ".join(size_text(s) for s in measured_at) or "no tuned size (predicted only)"
-    basis = (f"GP over {len(r)} results at {len(sizes)} tuned sizes ({', '.join(size_text(s) for s in sizes)}), "
-             f"nearest {size_text(nearest)} ({_distance(nearest, size):.2g} octaves); time ∝ volume^{slope:.2f}; "
-             f"recommended configuration measured at {where}")
-    return Recommendation(cfg, float(math.exp(scale + max(0.0, float(mean[j])))), basis)
-
-
-def nearest_best(space: Any, records_by_size: Records, size: Sequence[int]) -> dict[str, Any]:
-    """The baseline: the best configuration of the nearest tuned size (in octaves)."""
-    data = _collect(space, records_by_size)
-    nearest = min(data.rows, key=lambda s: (_distance(s, tuple(size)), s))
-    return space.to_configs(data.rows[nearest][int(np.argmin(data.logt[nearest]))].reshape(1, -1))[0]
-
-
-# --------------------------------------------------------------------------- command
-
-
-def _cache_records(paths: Sequence[str]) -> tuple[Any, dict[Size, list[tuple[dict[str, Any], float | None]]]]:
-    from fleettune.space.interop import read_kernel_tuner_cache
-
-    space, by_size = None, {}
+    space: Any = None
+    by_size: dict[ProblemSize, Observations] = {}
     for path in paths:
         rec = read_kernel_tuner_cache(path)
-        ps = rec.problem_size
-        size = tuple(int(v) for v in (ps if isinstance(ps, list) else [ps])) if ps is not None else None
-        if size is None:
+        if rec.problem_size is None:
             raise ValueError(f"{path}: the cache records no problem_size")
+        size = problem_size(rec.problem_size)
         if space is None:
             space = rec.space
         elif [p.name for p in rec.space.parameters] != [p.name for p in space.parameters]:
@@ -255,7 +42,7 @@ def _cache_records(paths: Sequence[str]) -> tuple[Any, dict[Size, list[tuple[dic
 
 def check_against(space: Any, config: dict[str, Any], path: str) -> dict[str, Any]:
     """How the recommendation did on a recording of the predicted size."""
-    from fleettune.space.interop import read_kernel_tuner_cache
+    from fleettune.space.kernel_tuner import read_kernel_tuner_cache
 
     rec = read_kernel_tuner_cache(path)
     key = space.key(config)
@@ -276,7 +63,6 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
     from kubernetes import client, config
 
     from fleettune import GROUP, VERSION
-    from fleettune.jobs import target_of_key
     from fleettune.space import SearchSpace, lookup_device
     from fleettune.space.errors import SpaceError
     from fleettune.store import ResultsStore
@@ -285,7 +71,10 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    obj = client.CustomObjectsApi().get_namespaced_custom_object(GROUP, VERSION, namespace, "tuningruns", run)
+    # The client returns the object's JSON as a dict (typed `object`).
+    obj = cast(dict[str, Any], client.CustomObjectsApi().get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "tuningruns", run
+    ))
     spec, status = obj["spec"], obj.get("status") or {}
     pools = [t["name"] for t in spec["targets"]]
     pool = target or pools[0]
@@ -299,17 +88,17 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
         device = None
     space = SearchSpace.from_spec(spec["parameters"], spec.get("constraints") or [], device)
     records = ResultsStore(client.CoreV1Api(), namespace, run, obj["metadata"]["uid"]).load()
-    default_size = tuple(spec["kernel"].get("problemSize") or ())
-    by_size: dict[Size, list[Any]] = {}
+    default_size = spec["kernel"].get("problemSize") or []
+    by_size: dict[ProblemSize, list[TrialRecord]] = {}
     for r in records:
         if target_of_key(r.target) == pool:
             # Records of runs that tune several sizes carry theirs; the others the kernel's.
-            by_size.setdefault(tuple(r.problem_size or default_size), []).append(r)
+            by_size.setdefault(problem_size(r.problem_size or default_size), []).append(r)
     return space, {size: observations(recs) for size, recs in by_size.items()}, pool
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="fleettune predict", description=__doc__,
+    p = argparse.ArgumentParser(prog="fleettune predict", description=f"{__doc__}\n{prediction.__doc__}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="TuningRun whose stored results to use")
     p.add_argument("-n", "--namespace", default="default")
@@ -327,6 +116,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    by_size: Records
     try:
         size = parse_size(args.size)
         if args.cache:
@@ -345,7 +135,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
-    print(f"problem size {size_text(size)} ({source})")
+    print(f"problem size {size_key(size)} ({source})")
     print(f"  configuration: {json.dumps(rec.config, sort_keys=True)}")
     print(f"  predicted time: {rec.predicted_ms:.4g} ms")
     print(f"  basis: {rec.basis}")

@@ -3,8 +3,9 @@ applications to read at start-up (pure: builds the object, decides whether to wr
 
 Data keys:
 
-* ``tuned.json``: every entry — pool, problem size, configuration, time, fingerprint —
-  as one JSON document;
+* ``tuned.json``: every entry — pool, problem size, configuration, time, fingerprint
+  (`fleettune.api.TunedFor`'s camelCase form, as in the status), tuning round (key
+  ``generation``, its name when the format was published) — as one JSON document;
 * flat keys an application (or an env-from / volume mount) can read without a JSON
   parser: ``<pool>.<size>.<param>`` = value, ``<pool>.<size>.time_ms``,
   ``<pool>.<size>.fingerprint``, and ``<pool>.sizes`` listing the tuned sizes, with
@@ -22,18 +23,17 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from fleettune.fingerprint import NodeFingerprint, fingerprint_key
+from fleettune.fingerprint import GpuFingerprint, fingerprint_key
+from fleettune.labels import MANAGED_BY, MANAGER, PUBLISHED_BY, PUBLISHED_BY_RUN, PUBLISHED_BY_UID
+from fleettune.sizes import ProblemSize
+from fleettune.sizes import size_key as size_key  # importers of publish.size_key: use fleettune.sizes
 
 TUNED_JSON = "tuned.json"
-PUBLISHED_BY = "fleettune.dev/published-by"  # label: the run's name as a label value
-PUBLISHED_BY_RUN = "fleettune.dev/published-by-run"  # annotation: the run's whole name
-PUBLISHED_BY_UID = "fleettune.dev/published-by-uid"  # annotation: the uid of the run that wrote it last
-MANAGED_BY = "app.kubernetes.io/managed-by"
 SCHEMA = "fleettune.dev/tuned/v1"
 MAX_KEY = 253
 MAX_BYTES = 900 * 1024  # a ConfigMap holds at most 1 MiB in all; leave room for metadata
@@ -46,27 +46,29 @@ class PublishedEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     pool: str
-    problem_size: tuple[int, ...] = Field(min_length=1)
+    problem_size: ProblemSize = Field(min_length=1)
     config: dict[str, Any]
     time_ms: float = Field(gt=0)
-    fingerprint: NodeFingerprint = NodeFingerprint()
+    fingerprint: GpuFingerprint = GpuFingerprint()
     trial: int | None = None
-    generation: int = 1
+    # The pool's tuning round. Written as "generation" in tuned.json, which applications
+    # read; `generation=` is also accepted here until every caller says `round=`.
+    round: int = Field(default=1, validation_alias=AliasChoices("round", "generation"))
     measured_at: str = ""  # ISO-8601 time the trial was recorded: orders fingerprints
 
     @property
-    def slot(self) -> tuple[str, tuple[int, ...]]:
-        return self.pool, tuple(self.problem_size)
+    def slot(self) -> tuple[str, ProblemSize]:
+        return self.pool, self.problem_size
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "pool": self.pool,
             "problemSize": list(self.problem_size),
             "config": self.config,
-            "timeMs": _round(self.time_ms),
-            "fingerprint": self.fingerprint.to_status(),
+            "timeMs": _significant(self.time_ms),
+            "fingerprint": self.fingerprint.to_status().dump(),
             "fingerprintKey": fingerprint_key(self.fingerprint),
-            "generation": self.generation,
+            "generation": self.round,
         }
         if self.trial is not None:
             out["trial"] = self.trial
@@ -81,20 +83,16 @@ class PublishedEntry(BaseModel):
             problem_size=tuple(data["problemSize"]),
             config=dict(data["config"]),
             time_ms=float(data["timeMs"]),
-            fingerprint=NodeFingerprint.from_status(data.get("fingerprint") or {}),
+            fingerprint=GpuFingerprint.from_status(data.get("fingerprint") or {}),
             trial=data.get("trial"),
-            generation=int(data.get("generation", 1)),
+            round=int(data.get("generation", 1)),
             measured_at=str(data.get("measuredAt", "")),
         )
 
 
-def _round(v: float) -> float:
+def _significant(v: float) -> float:
     # Six significant digits: enough for any timing, and stable across float noise.
     return float(f"{v:.6g}")
-
-
-def size_key(size: Sequence[int]) -> str:
-    return "x".join(str(int(s)) for s in size)
 
 
 def safe_key(text: str) -> str:
@@ -115,14 +113,14 @@ def _value(v: Any) -> str:
 
 def flat_keys(entries: Iterable[PublishedEntry]) -> dict[str, str]:
     out: dict[str, str] = {}
-    sizes: dict[str, list[tuple[int, ...]]] = {}
+    sizes: dict[str, list[ProblemSize]] = {}
     for e in entries:
         prefix = f"{e.pool}.{size_key(e.problem_size)}"
         for name, value in e.config.items():
             out[safe_key(f"{prefix}.{name}")] = _value(value)
-        out[safe_key(f"{prefix}.time_ms")] = _value(_round(e.time_ms))
+        out[safe_key(f"{prefix}.time_ms")] = _value(_significant(e.time_ms))
         out[safe_key(f"{prefix}.fingerprint")] = fingerprint_key(e.fingerprint)
-        sizes.setdefault(e.pool, []).append(tuple(e.problem_size))
+        sizes.setdefault(e.pool, []).append(e.problem_size)
     for pool, tuned in sizes.items():
         out[safe_key(f"{pool}.sizes")] = ",".join(size_key(s) for s in sorted(tuned))
     return out
@@ -165,7 +163,7 @@ def published_configmap(
     meta: dict[str, Any] = {
         "name": name or f"{run_name[:247]}-tuned",
         "namespace": namespace,
-        "labels": {MANAGED_BY: "fleettune", PUBLISHED_BY: label_value(run_name)},
+        "labels": {MANAGED_BY: MANAGER, PUBLISHED_BY: label_value(run_name)},
         "annotations": {PUBLISHED_BY_RUN: run_name},
     }
     if run_uid or owner_uid:
@@ -193,7 +191,7 @@ def not_ours(meta: Mapping[str, Any], run_name: str) -> str | None:
     name = meta.get("name", "?")
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    if (labels.get(PUBLISHED_BY) == label_value(run_name) and labels.get(MANAGED_BY) == "fleettune"
+    if (labels.get(PUBLISHED_BY) == label_value(run_name) and labels.get(MANAGED_BY) == MANAGER
             and annotations.get(PUBLISHED_BY_RUN, run_name) == run_name):
         return None
     return f"spec.publish.configMapName: ConfigMap {name} exists and is not published by this run"
@@ -216,7 +214,7 @@ def _wins(new: PublishedEntry, old: PublishedEntry) -> bool:
     if fingerprint_key(new.fingerprint) == fingerprint_key(old.fingerprint):
         # Same hardware and driver: only a strictly better time replaces, so a re-measured
         # (noisier) copy of the same configuration never makes the published one regress.
-        return math.isfinite(new.time_ms) and _round(new.time_ms) < _round(old.time_ms)
+        return math.isfinite(new.time_ms) and _significant(new.time_ms) < _significant(old.time_ms)
     # Another fingerprint: the newer measurement describes the pool as it is now. An
     # entry without a time is taken as new (the controller only publishes current ones).
     return not new.measured_at or not old.measured_at or new.measured_at >= old.measured_at
@@ -224,7 +222,7 @@ def _wins(new: PublishedEntry, old: PublishedEntry) -> bool:
 
 def best_entries(candidates: Iterable[PublishedEntry]) -> list[PublishedEntry]:
     """One entry per (pool, size): the fastest of the newest fingerprint among ``candidates``."""
-    out: dict[tuple[str, tuple[int, ...]], PublishedEntry] = {}
+    out: dict[tuple[str, ProblemSize], PublishedEntry] = {}
     for e in sorted(candidates, key=lambda e: (e.measured_at, e.time_ms)):
         old = out.get(e.slot)
         if old is None or _wins(e, old):

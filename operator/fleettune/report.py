@@ -79,7 +79,7 @@ def pool_reports(status: dict[str, Any], records: Sequence[TrialRecord]) -> list
     names += sorted(set(by_target) - set(names))  # pools removed from the spec still have results
     out = []
     for name in names:
-        st = next((t for t in status.get("targets") or [] if t["name"] == name), {})
+        st: dict[str, Any] = next((t for t in status.get("targets") or [] if t["name"] == name), {})
         recs = by_target.get(name, [])
         best = ranked(recs)
         invalid: dict[str, int] = {}
@@ -125,7 +125,7 @@ def print_table(run: dict[str, Any], pools: Sequence[PoolReport], file: Any = No
 
     meta, status = run.get("metadata", {}), run.get("status") or {}
     console = Console(file=file or sys.stdout, width=160)
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     console.print(
         f"[bold]{meta.get('namespace')}/{meta.get('name')}[/bold]  phase {status.get('phase', 'Pending')}  "
         f"trials {status.get('progress', '-')}  Ready={ready.get('status', '?')} {ready.get('reason', '')}"
@@ -268,7 +268,8 @@ def _load(namespace: str | None, name: str, kubeconfig: str | None, context: str
         api = client.ApiClient()
         namespace = namespace or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
     with api:
-        run = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        run: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
+            GROUP, VERSION, namespace, PLURAL, name)  # a dict: the client builds no model for custom objects
         store = ResultsStore(client.CoreV1Api(api), namespace, name, run["metadata"]["uid"])
         records = store.load()
     return run, records, namespace

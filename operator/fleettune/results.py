@@ -13,9 +13,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from fleettune.jobs import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
+from fleettune.labels import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import (
     CONTAINER_NAME,
     INVALID_CONFIG_EXIT_CODES,
@@ -30,7 +30,12 @@ from fleettune_job.protocol import (
 
 
 class TrialRecord(BaseModel):
-    """One trial's outcome as stored durably (one JSON line in the results store)."""
+    """One trial's outcome as stored durably (one JSON line in the results store).
+
+    ``round`` is the pool's tuning round the trial belongs to (a re-tune starts the next),
+    not the TuningRun's ``metadata.generation``. Records of earlier versions name it
+    ``generation``: both keys are read, ``round`` is written.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -45,7 +50,7 @@ class TrialRecord(BaseModel):
     error: str = ""
     node: str | None = None
     job: str = ""
-    generation: int = 1
+    round: int = Field(default=1, validation_alias=AliasChoices("round", "generation"))
     recorded_at: str = ""
     problem_size: list[int] | None = None  # set when the run tunes several sizes
 
@@ -140,7 +145,7 @@ def result_of_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> TrialResul
 
 
 def record_from_job(
-    job: dict[str, Any], pods: list[dict[str, Any]], config: dict[str, Any], generation: int,
+    job: dict[str, Any], pods: list[dict[str, Any]], config: dict[str, Any], pool_round: int,
     problem_size: list[int] | None = None,
 ) -> TrialRecord:
     meta = job["metadata"]
@@ -158,7 +163,7 @@ def record_from_job(
         error=result.error[:500],
         node=(last or {}).get("spec", {}).get("nodeName"),
         job=meta["name"],
-        generation=generation,
+        round=pool_round,
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         problem_size=problem_size,
     )

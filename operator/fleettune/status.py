@@ -8,17 +8,21 @@ configurations per pool, the fingerprint measured on, and conditions with
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from fleettune.api import (
     Condition,
     ConfigResult,
     Fingerprint,
+    Phase,
     RankedConfig,
+    ResultsRef,
+    TargetPhase,
     TargetStatus,
     TrialCounts,
+    TunedFor,
     TuningRunStatus,
 )
 from fleettune.names import INT64_MAX, bounded
@@ -32,6 +36,19 @@ STATUS_MAX_BYTES = 256 * 1024
 STATUS_MIN_BYTES = 8 * 1024
 PUBLISH_REFUSED = "PublishRefused"  # the Published condition's reason when the ConfigMap is not the run's
 CONFIG_VALUE_MAX = 256  # characters of a string parameter value shown in a shrunken status
+
+
+def _target_phase(phase: str) -> TargetPhase:
+    """A pool's phase as the status schema spells it (the controller's phases are strings)."""
+    if phase not in get_args(TargetPhase):
+        raise ValueError(f"not a pool phase: {phase!r}")
+    return cast(TargetPhase, phase)
+
+
+def _run_phase(phase: str) -> Phase:
+    if phase not in get_args(Phase):
+        raise ValueError(f"not a run phase: {phase!r}")
+    return cast(Phase, phase)
 
 
 def now() -> str:
@@ -73,7 +90,7 @@ def target_status(
     default_key: str | None = None,
     message: str = "",
     tuning_round: int = 1,
-    tuned_for: dict[str, Any] | None = None,
+    tuned_for: TunedFor | Mapping[str, Any] | None = None,
     stale: str | None = None,
     top_k: int = TOP_K,
 ) -> TargetStatus:
@@ -99,7 +116,7 @@ def target_status(
         speedup = round((default.objective or 0) / (best[0].objective or 1), 3)
     return TargetStatus(
         name=name,
-        phase=phase,  # type: ignore[arg-type]
+        phase=_target_phase(phase),
         budget=budget,
         # An integer in the CRD is an int64: a larger space is reported as the largest one.
         space_size=min(space_size, INT64_MAX) if space_size is not None else None,
@@ -111,7 +128,7 @@ def target_status(
         speedup=speedup,
         message=bounded(message),
         round=tuning_round,
-        tuned_for=tuned_for,
+        tuned_for=TunedFor.model_validate(tuned_for) if tuned_for is not None else None,
         stale=bounded(stale) if stale is not None else None,
         **counts(records, running).model_dump(),
     )
@@ -126,7 +143,7 @@ def set_condition(
     conditions: list[Condition], kind: str, status: bool, reason: str, message: str, generation: int | None
 ) -> list[Condition]:
     """Replace one condition, keeping its transition time if its status did not change."""
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     old = next((c for c in conditions if c.type == kind), None)
     when = old.last_transition_time if old is not None and old.status == value else now()
     new = Condition(
@@ -180,13 +197,13 @@ def run_status(
         conditions, "Stale", bool(stale), "FingerprintChanged" if stale else "UpToDate", "; ".join(stale), generation
     )
     return TuningRunStatus(
-        phase=phase,  # type: ignore[arg-type]
+        phase=_run_phase(phase),
         observed_generation=generation,
         progress=f"{total.completed}/{budget}",
         best_summary=_summary(targets),
         trials=total,
         targets=list(targets),
-        results=results,  # type: ignore[arg-type]
+        results=ResultsRef.model_validate(results) if results is not None else None,
         conditions=conditions,
         started_at=prev.started_at or now(),
         completed_at=(prev.completed_at or now()) if terminal else None,

@@ -4,7 +4,7 @@ The TuningRun status only holds a bounded summary; the full history lives here, 
 operator restart loses nothing and a run of 10 000 trials never nears etcd's object
 size limit. Records are gzip-compressed JSON lines in shards of at most
 `SHARD_RECORDS` records; writes use the shard's resourceVersion (optimistic
-concurrency), and a record is identified by (generation, target, index), so writing it
+concurrency), and a record is identified by (round, target, index), so writing it
 twice — e.g. after a crash between recording and deleting its Job — stores it once.
 
 Shards are named after the run *and* a hash of its uid, and read only when the run owns
@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import base64
 import gzip
-import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,20 +25,19 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, KIND, VERSION
-from fleettune.jobs import MANAGED_BY
+from fleettune.kubeapi import manifest, raw_json
+from fleettune.labels import MANAGED_BY, MANAGER, RESULTS_OF_LABEL, RUN_UID_LABEL
 from fleettune.names import child_name, label_value
 from fleettune.results import TrialRecord
 
 SHARD_RECORDS = 500
-RESULTS_OF = f"{GROUP}/results-of"  # the run's name as a label value (jobs.run_label)
-RUN_UID = f"{GROUP}/run-uid"
 DATA_KEY = "records.jsonl.gz"
 
-RecordId = tuple[int, str, int]
+RecordId = tuple[int, str, int]  # (round, target, index)
 
 
 def record_id(rec: TrialRecord) -> RecordId:
-    return (rec.generation, rec.target, rec.index)
+    return (rec.round, rec.target, rec.index)
 
 
 def encode_shard(records: Iterable[TrialRecord]) -> str:
@@ -47,7 +45,7 @@ def encode_shard(records: Iterable[TrialRecord]) -> str:
     return base64.b64encode(gzip.compress(lines.encode(), mtime=0)).decode()
 
 
-def decode_shard(data: str) -> list[TrialRecord]:
+def decode_shard(data: str | bytes) -> list[TrialRecord]:
     text = gzip.decompress(base64.b64decode(data)).decode()
     return [TrialRecord.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
@@ -69,11 +67,17 @@ def _shard_order(name: str) -> tuple[int, str]:
     return (int(tail) if tail.isdigit() else 1 << 30, name)
 
 
-def owned_by(obj: Any, uid: str) -> bool:
+def owned_by(obj: client.V1ConfigMap | Mapping[str, Any], uid: str) -> bool:
     """Whether a ConfigMap (client model or dict) is owned by the run with ``uid``."""
-    meta = obj.get("metadata", {}) if isinstance(obj, dict) else obj.metadata
-    owners = (meta.get("ownerReferences") if isinstance(meta, dict) else meta.owner_references) or []
-    return any((o.get("uid") if isinstance(o, dict) else o.uid) == uid for o in owners)
+    if isinstance(obj, Mapping):
+        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+        return any(o.get("uid") == uid for o in owners)
+    refs = (obj.metadata.owner_references if obj.metadata else None) or []
+    return any(o.uid == uid for o in refs)
+
+
+def _listed_name(cm: client.V1ConfigMap) -> str:
+    return (cm.metadata.name if cm.metadata else None) or ""
 
 
 class StoreConflict(RuntimeError):
@@ -117,19 +121,20 @@ class ResultsStore:
     def prefix(self) -> str:
         return shard_prefix(self.run, self.uid)
 
-    def __contains__(self, rid: RecordId) -> bool:
+    def __contains__(self, rid: object) -> bool:  # a RecordId
         return rid in self._ids
 
     def load(self) -> list[TrialRecord]:
         items = self.core.list_namespaced_config_map(
-            self.namespace, label_selector=f"{RESULTS_OF}={label_value(self.run)}"
+            self.namespace, label_selector=f"{RESULTS_OF_LABEL}={label_value(self.run)}"
         ).items
         shards = []
-        for cm in sorted(items, key=lambda c: _shard_order(c.metadata.name)):
-            if not owned_by(cm, self.uid):
+        for cm in sorted(items, key=lambda c: _shard_order(_listed_name(c))):
+            meta = cm.metadata
+            if meta is None or not meta.name or not owned_by(cm, self.uid):
                 continue
             data = (cm.binary_data or {}).get(DATA_KEY)
-            shards.append(_Shard(cm.metadata.name, cm.metadata.resource_version, decode_shard(data) if data else []))
+            shards.append(_Shard(meta.name, meta.resource_version, decode_shard(data) if data else []))
         self._shards = shards
         self._ids = {record_id(r) for r in self.records}
         return self.records
@@ -163,7 +168,8 @@ class ResultsStore:
             try:
                 self._write(shard, shard.records + batch)
             except Exception as exc:
-                conflict = isinstance(exc, ApiException) and exc.status in (409, 404)
+                status = exc.status if isinstance(exc, ApiException) else None
+                conflict = status in (409, 404)
                 conflicts += conflict
                 if not conflict or conflicts > self.MAX_CONFLICTS:
                     # Not stored (as far as we know: a write that landed anyway shows up as a
@@ -174,7 +180,7 @@ class ResultsStore:
                         raise StoreConflict(f"results store of {self.run}: {conflicts} conflicting writes "
                                             f"in a row (last on ConfigMap {shard.name})") from None
                     raise
-                if shard.resource_version is None and exc.status == 409 and not self._ours(shard.name):
+                if shard.resource_version is None and status == 409 and not self._ours(shard.name):
                     # The name is held by an object this run does not own: leave it alone
                     # and store under the next free name.
                     self._foreign.add(shard.name)
@@ -198,7 +204,7 @@ class ResultsStore:
             if exc.status == 404:
                 return True
             raise
-        return owned_by(json.loads(resp.data), self.uid)
+        return owned_by(raw_json(resp), self.uid)
 
     def _write(self, shard: _Shard, records: list[TrialRecord]) -> None:
         body: dict[str, Any] = {
@@ -207,7 +213,7 @@ class ResultsStore:
             "metadata": {
                 "name": shard.name,
                 "namespace": self.namespace,
-                "labels": {MANAGED_BY: "fleettune", RESULTS_OF: label_value(self.run), RUN_UID: self.uid},
+                "labels": {MANAGED_BY: MANAGER, RESULTS_OF_LABEL: label_value(self.run), RUN_UID_LABEL: self.uid},
                 "ownerReferences": [
                     {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.run, "uid": self.uid}
                 ],
@@ -216,9 +222,9 @@ class ResultsStore:
         }
         # Raw answers: only the new resourceVersion is needed, not the client's slow models.
         if shard.resource_version is None:
-            resp = self.core.create_namespaced_config_map(self.namespace, body, _preload_content=False)
+            resp = self.core.create_namespaced_config_map(self.namespace, manifest(body), _preload_content=False)
         else:
             body["metadata"]["resourceVersion"] = shard.resource_version
-            resp = self.core.replace_namespaced_config_map(shard.name, self.namespace, body,
+            resp = self.core.replace_namespaced_config_map(shard.name, self.namespace, manifest(body),
                                                            _preload_content=False)
-        shard.resource_version = json.loads(resp.data)["metadata"]["resourceVersion"]
+        shard.resource_version = raw_json(resp)["metadata"]["resourceVersion"]

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from fleettune.api import TuningRunSpec
-from fleettune.controller.tuner import SpecError, parse_spec
+from fleettune.controller.spec import SpecError, parse_spec
 from fleettune.crd import build_crd, render
 
 ROOT = Path(__file__).resolve().parents[2]

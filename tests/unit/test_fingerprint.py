@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from fleettune.cluster.fleet import default_fleet
+from fleettune.api import Fingerprint as DeviceStatus
+from fleettune.api import TunedFor
 from fleettune.fingerprint import (
+    GpuFingerprint,
     NodeFingerprint,
     describe_change,
+    device_status,
     fingerprint_hash,
     fingerprint_key,
     from_device,
@@ -18,6 +21,8 @@ from fleettune.fingerprint import (
     pool_fingerprint,
     relevant_labels,
 )
+from fleettune_dev.cluster.fleet import default_fleet
+from fleettune_job.protocol import Fingerprint as DeviceReport
 
 A100 = {
     "nvidia.com/gpu.product": "NVIDIA-A100-PCIE-40GB",
@@ -140,7 +145,7 @@ def test_stale_and_describe_change() -> None:
     assert not is_stale(old, same)
     assert describe_change(old, same) == "no change"
     assert not is_stale(None, new) and not is_stale(old, None)
-    assert not is_stale(old, NodeFingerprint())
+    assert not is_stale(old, GpuFingerprint())
     assert describe_change(None, old) == "unknown → NVIDIA-A100-PCIE-40GB (8.0), driver 550.54.15, CUDA 12.4"
     jet = node_fingerprint(default_fleet().pool("jetson-orin").node_labels("n"))
     assert is_stale(jet, jet.model_copy(update={"l4t_version": "36.4.3"}))
@@ -158,10 +163,21 @@ def test_fingerprint_key_is_short_stable_and_safe() -> None:
 
 def test_status_round_trip() -> None:
     fp = node_fingerprint(A100)
-    data = fp.to_status()
+    status = fp.to_status()
+    assert isinstance(status, TunedFor)
+    data = status.dump()
     assert data["computeCapability"] == "8.0" and data["driverVersion"] == "550.54.15"
     assert "sharing" not in data and "migProfile" not in data
-    assert NodeFingerprint.from_status(data) == fp
+    assert GpuFingerprint.from_status(status) == GpuFingerprint.from_status(data) == fp
+    # JSON written by another version: unknown keys are ignored.
+    assert GpuFingerprint.from_status(data | {"futureField": 1}) == fp
+    jet = node_fingerprint(default_fleet().pool("jetson-orin").node_labels("n"))
+    assert jet.l4t_version and jet.to_status().dump()["l4tVersion"] == jet.l4t_version
+    assert GpuFingerprint.from_status(jet.to_status()) == jet
+    shared = node_fingerprint(SLICED)
+    assert GpuFingerprint.from_status(shared.to_status()) == shared
+    assert GpuFingerprint.from_status(GpuFingerprint().to_status()) == GpuFingerprint()
+    assert NodeFingerprint is GpuFingerprint  # the old name, until every caller says GpuFingerprint
 
 
 def test_device_report_matches_the_node_labels() -> None:
@@ -170,6 +186,13 @@ def test_device_report_matches_the_node_labels() -> None:
                 "driver_version": "550.54.15", "cuda_runtime_version": "12.4", "memory_mib": 40960}
     assert not is_stale(from_device(reported), node_fingerprint(A100))
     assert is_stale(from_device(reported | {"driver_version": "560.35.03"}), node_fingerprint(A100))
+    model = DeviceReport(**reported, sm_count=108, simulated=True)
+    assert from_device(model) == from_device(reported)
+    status = device_status(model)
+    assert isinstance(status, DeviceStatus)
+    assert status.dump() == {"product": "NVIDIA A100-PCIE-40GB", "computeCapability": "8.0",
+                             "driverVersion": "550.54.15", "cudaRuntimeVersion": "12.4", "simulated": True,
+                             "synthetic": False}
 
 
 def node(labels: dict[str, str], unschedulable: bool = False) -> tuple[dict[str, str], bool]:
@@ -213,7 +236,7 @@ def test_pinning_selector() -> None:
     jet = node_fingerprint(default_fleet().pool("jetson-orin").node_labels("n"))
     assert pinning_selector(jet) == {"fleettune.dev/cuda.driver-version.full": "540.4.0",
                                      "fleettune.dev/jetson.l4t-version": "36.4.0"}
-    assert pinning_selector(NodeFingerprint()) == {}
+    assert pinning_selector(GpuFingerprint()) == {}
 
 
 def _matches(expressions: list[dict], labels: dict[str, str]) -> bool:
@@ -237,3 +260,8 @@ def test_eligibility_affinity_agrees_with_node_eligible(allow_shared: bool) -> N
     cases += [A100 | {"nvidia.com/gpu-driver-upgrade-state": s} for s in UPGRADE_IN_PROGRESS]
     for labels in cases:
         assert _matches(expressions, labels) == node_eligible(labels, False, allow_shared)[0], labels
+
+
+def test_the_status_form_has_the_models_fields() -> None:
+    # TunedFor is GpuFingerprint's serialisation in the CRD: a field added to one needs the other.
+    assert set(TunedFor.model_fields) == set(GpuFingerprint.model_fields)

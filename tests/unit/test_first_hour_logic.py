@@ -14,11 +14,12 @@ from kubernetes.client.exceptions import ApiException
 
 from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy, normalize
 from fleettune.api import TuningRunSpec
+from fleettune.labels import RESULTS_OF_LABEL
 from fleettune.names import INT64_MAX, bounded, child_name, label_value
 from fleettune.publish import PUBLISHED_BY, PUBLISHED_BY_RUN, not_ours, published_configmap
 from fleettune.results import TrialRecord
 from fleettune.status import fit_status, run_status, status_budget, target_status
-from fleettune.store import RESULTS_OF, ResultsStore, StoreConflict, encode_shard, shard_name
+from fleettune.store import ResultsStore, StoreConflict, encode_shard, shard_name
 from fleettune_job.protocol import Outcome
 
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
@@ -152,7 +153,8 @@ def test_only_a_configmap_with_the_runs_marks_is_published_into() -> None:
                                           "not published by this run")
     assert not_ours({"name": "x"}, "conv") is not None
     assert not_ours(ours, "other") is not None  # another run's published map
-    shard = {"name": "conv-results-0000", "labels": {RESULTS_OF: "conv", "app.kubernetes.io/managed-by": "fleettune"},
+    shard = {"name": "conv-results-0000",
+             "labels": {RESULTS_OF_LABEL: "conv", "app.kubernetes.io/managed-by": "fleettune"},
              "ownerReferences": [{"uid": "uid-1"}]}
     assert not_ours(shard, "conv") is not None  # not even the run's own results
     long_run = "r" * 250
@@ -267,7 +269,7 @@ def test_conflicts_back_off_and_give_up_instead_of_looping(monkeypatch: pytest.M
 
 def test_shards_of_the_earlier_naming_are_still_read_and_filled() -> None:
     core = FakeCore()
-    legacy = {"metadata": {"name": "conv-results-0000", "labels": {RESULTS_OF: "conv"},
+    legacy = {"metadata": {"name": "conv-results-0000", "labels": {RESULTS_OF_LABEL: "conv"},
                            "ownerReferences": [{"uid": "uid-1"}]},
               "binaryData": {"records.jsonl.gz": encode_shard([_rec(0)])}}
     core._answer(legacy)
@@ -275,6 +277,26 @@ def test_shards_of_the_earlier_naming_are_still_read_and_filled() -> None:
     assert [r.index for r in store.load()] == [0]
     store.append([_rec(1)])
     assert len(core.objects) == 1 and [r.index for r in ResultsStore(core, "ns", "conv", "uid-1").load()] == [0, 1]
+
+
+def test_records_stored_with_the_earlier_round_key_keep_their_round_in_the_store() -> None:
+    # Earlier versions wrote a record's tuning round as "generation".
+    import base64
+    import gzip
+
+    old = json.loads(_rec(0).model_copy(update={"round": 2}).model_dump_json(exclude_none=True))
+    old["generation"] = old.pop("round")
+    data = base64.b64encode(gzip.compress((json.dumps(old) + "\n").encode())).decode()
+    core = FakeCore()
+    core._answer({"metadata": {"name": shard_name("conv", "uid-1", 0), "labels": {RESULTS_OF_LABEL: "conv"},
+                               "ownerReferences": [{"uid": "uid-1"}]},
+                  "binaryData": {"records.jsonl.gz": data}})
+    store = ResultsStore(core, "ns", "conv", "uid-1")
+    assert [r.round for r in store.load()] == [2] and (2, "a", 0) in store
+    # The same trial recorded again (a restart) is not stored twice; the next round's is.
+    assert store.append([_rec(0).model_copy(update={"round": 2})]) == []
+    assert [r.round for r in store.append([_rec(0).model_copy(update={"round": 3})])] == [3]
+    assert [r.round for r in ResultsStore(core, "ns", "conv", "uid-1").load()] == [2, 3]
 
 
 # ---------------------------------------------------------------------------- status
@@ -324,7 +346,7 @@ def test_the_status_is_shrunk_to_fit_beside_a_huge_spec() -> None:
 
 
 def test_retune_tokens_too_long_for_the_status_are_kept_as_hashes() -> None:
-    from fleettune.controller.tuner import retune_key
+    from fleettune.controller.spec import retune_key
 
     assert retune_key("2025-01-01") == "2025-01-01"
     long = "t" * 100_000

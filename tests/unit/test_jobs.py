@@ -3,7 +3,8 @@ from pathlib import Path
 import yaml
 
 from fleettune.api import TuningRunSpec
-from fleettune.jobs import RUN_LABEL, TARGET_LABEL, TRIAL_LABEL, job_name, render_job
+from fleettune.jobs import job_name, render_job
+from fleettune.labels import RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import INVALID_CONFIG_EXIT_CODES, TRIAL_ENV, Trial
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,11 +107,11 @@ def test_long_run_names_give_valid_unique_labels_and_job_names():
 
 
 def test_one_size_of_several_is_labelled_named_and_sent_with_its_size():
-    from fleettune.jobs import target_key, target_of_key
+    from fleettune.sizes import pool_key, target_of_key
 
-    key = target_key("a100", (2048, 2048), several=True)
+    key = pool_key("a100", (2048, 2048), several=True)
     assert key == "a100.2048x2048" and target_of_key(key) == "a100"
-    assert target_key("a100", (2048, 2048), several=False) == "a100" == target_of_key("a100")
+    assert pool_key("a100", (2048, 2048), several=False) == "a100" == target_of_key("a100")
     job = render_job(
         run="conv", namespace="ns", uid="uid-1", spec=SPEC, target=SPEC.targets[0], index=3, config=CONFIG,
         config_key="32,4", key=key, problem_size=(2048, 2048),

@@ -11,14 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleettune.predict import (
-    check_against,
-    fit_scale,
-    main,
-    nearest_best,
-    parse_size,
-    recommend,
-)
+from fleettune.predict import check_against, main
+from fleettune.prediction import fit_scale, nearest_best, recommend
+from fleettune.sizes import parse_size
 from fleettune.space import SearchSpace
 
 SPACE = SearchSpace.from_spec(

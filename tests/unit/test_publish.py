@@ -118,3 +118,26 @@ def test_size_budget() -> None:
     huge = [entry(pool=f"p{i}", **{f"param_{j}": "v" * 200 for j in range(40)}) for i in range(120)]
     with pytest.raises(ValueError, match="ConfigMap budget"):
         configmap_data("r", huge)
+
+
+def test_published_json_keys_stay_what_applications_read() -> None:
+    e = entry(fp=OLD.model_copy(update={"mig_profile": "1g.5gb", "memory_mib": 40960}))
+    doc = e.to_json()
+    assert set(doc) == {"pool", "problemSize", "config", "timeMs", "fingerprint", "fingerprintKey", "generation",
+                        "trial", "measuredAt"}
+    assert doc["fingerprint"] == {"product": "NVIDIA-A100-PCIE-40GB", "computeCapability": "8.0",
+                                  "driverVersion": "550.54.15", "cudaRuntimeVersion": "12.4", "migProfile": "1g.5gb",
+                                  "memoryMib": 40960}
+    assert PublishedEntry.from_json(doc) == e
+
+
+def test_the_round_is_published_as_generation() -> None:
+    e = PublishedEntry.model_validate({"pool": "a", "problem_size": [8], "config": {}, "time_ms": 1.0, "round": 3})
+    assert e.problem_size == (8,)
+    doc = e.to_json()
+    assert doc["generation"] == 3 and "round" not in doc
+    assert PublishedEntry.from_json(doc).round == 3
+    assert PublishedEntry.from_json({k: v for k, v in doc.items() if k != "generation"}).round == 1
+    # The keyword of earlier versions, until every caller says round=.
+    old = PublishedEntry(pool="a", problem_size=(8,), config={}, time_ms=1.0, generation=2)  # type: ignore[call-arg]
+    assert old.round == 2

@@ -1,4 +1,4 @@
-from fleettune.jobs import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
+from fleettune.labels import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune.results import decisive_end, job_finished, record_from_job, result_of_job
 from fleettune_job.protocol import EXIT_CODES, Fingerprint, Outcome, TrialResult
 

@@ -23,6 +23,25 @@ def test_shard_round_trip():
     assert decode_shard(encode_shard(RECORDS)) == RECORDS
 
 
+def test_a_record_of_an_earlier_version_keeps_its_round():
+    # Earlier versions wrote the pool's tuning round under the key "generation".
+    import base64
+    import gzip
+    import json
+
+    from fleettune.store import record_id
+
+    new = _rec(3, objective=1.5).model_copy(update={"round": 2})
+    old_line = json.loads(new.model_dump_json(exclude_none=True))
+    old_line["generation"] = old_line.pop("round")
+    old_shard = base64.b64encode(gzip.compress((json.dumps(old_line) + "\n").encode())).decode()
+    [old] = decode_shard(old_shard)
+    assert old.round == 2 and old == new and record_id(old) == record_id(new) == (2, "a100", 3)
+    # Written again, a record has the new key only.
+    [line] = gzip.decompress(base64.b64decode(encode_shard([old]))).decode().splitlines()
+    assert json.loads(line)["round"] == 2 and "generation" not in json.loads(line)
+
+
 def test_target_status_counts_ranks_and_computes_speedup():
     st = target_status(name="a100", phase="Running", budget=40, records=RECORDS, running=3, default_key="default")
     assert (st.completed, st.valid, st.invalid, st.infra_failed, st.running) == (22, 21, 1, 1, 3)
@@ -119,6 +138,6 @@ def test_a_write_lost_to_a_connection_error_leaves_the_records_to_be_offered_aga
     rec = _rec(0, objective=1.0)
     with pytest.raises(MaxRetryError):
         store.append([rec])
-    assert (rec.generation, rec.target, rec.index) not in store and store.records == []
+    assert (rec.round, rec.target, rec.index) not in store and store.records == []
     assert store.append([rec]) == [rec]
-    assert (rec.generation, rec.target, rec.index) in store and len(core.written) == 1
+    assert (rec.round, rec.target, rec.index) in store and len(core.written) == 1

@@ -5,7 +5,8 @@
     rows = space.enumerate()            # int32 index rows
     space.to_configs(rows[:3])          # [{"block_size_x": 32, ...}, ...]
 
-Interop with Kernel Tuner caches, T4 results and T1 specs lives in `fleettune.space.interop`.
+Kernel Tuner caches are read by `fleettune.space.kernel_tuner` (`fleettune predict --cache`);
+T4 results and T1 specs, in and out, are development tools: `fleettune_dev.interop`.
 """
 
 from fleettune.space.devices import KNOWN_DEVICES, DeviceLimits, lookup_device

@@ -174,9 +174,10 @@ class Solver:
     def _bucket_rows(self, v: int, cols: dict[int, np.ndarray], m: int, weights: bool = False) -> np.ndarray:
         others, table = self.buckets[v]
         if weights:
-            table = self._weights.get(v)
-            if table is None:
-                table = self._weights[v] = self.buckets[v][1].astype(np.float64)
+            cached = self._weights.get(v)
+            if cached is None:
+                cached = self._weights[v] = table.astype(np.float64)
+            table = cached
         if not others:
             return np.broadcast_to(table, (m, table.shape[-1]))
         return table[tuple(cols[o] for o in others)]

@@ -63,8 +63,8 @@ def read_kernel_tuner_cache(path: str | os.PathLike[str]) -> RecordedSpace:
         time_ms = None
         if isinstance(raw_time, str):
             failure = KT_FAILURE_IN.get(raw_time, "runtime")
-        elif plain_number(raw_time) is not None and raw_time < KT_FAILED_TIME:
-            time_ms = float(raw_time)
+        elif (number := plain_number(raw_time)) is not None and number < KT_FAILED_TIME:
+            time_ms = number
         else:
             failure = "runtime"
         times = entry.get("times") or []

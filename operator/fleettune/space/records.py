@@ -22,9 +22,6 @@ from fleettune.space.space import SearchSpace
 FAILURES = ("compile", "runtime", "invalid")
 KT_FAILURE_IN = {"CompilationFailedConfig": "compile", "RuntimeFailedConfig": "runtime", "InvalidConfig": "invalid"}
 KT_FAILURE_OUT = {v: k for k, v in KT_FAILURE_IN.items()}
-T4_FAILURE_IN = {"compile": "compile", "runtime": "runtime", "correctness": "runtime", "timeout": "runtime",
-                  "constraints": "invalid"}
-T4_FAILURE_OUT = {"compile": "compile", "runtime": "runtime", "invalid": "constraints"}
 # Old Kernel Tuner versions stored failed configurations as this huge "time".
 KT_FAILED_TIME = 1e19
 KT_BOOKKEEPING = ("time", "times")
@@ -59,8 +56,8 @@ class RecordedSpace:
         return [r for r in self.records if r.failure is None and r.time_ms is not None]
 
     def best(self) -> Record | None:
-        ok = self.valid_records
-        return min(ok, key=lambda r: r.time_ms) if ok else None  # type: ignore[arg-type,return-value]
+        timed = [(r.time_ms, r) for r in self.valid_records if r.time_ms is not None]
+        return min(timed, key=lambda tr: tr[0])[1] if timed else None
 
 
 # ---------------------------------------------------------------------------------------------

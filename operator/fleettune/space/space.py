@@ -1,8 +1,15 @@
 """`SearchSpace`: typed parameters + known constraints (+ the target's device limits).
 
+The one object the operator, the optimiser and the tools hold for a space: built from the
+spec (`SearchSpace.from_spec`), it answers how many configurations are valid, enumerates and
+samples them, checks and converts rows, and gives the optimiser its features and neighbours.
+
 A configuration is handled as an *index row*: one int32 per parameter, the position of its
 value in that parameter's value list (``space.parameters[j].values``). Rows are what the
 optimiser stores and models; `to_configs` turns them into plain values for Jobs and results.
+The parts live beside it: the compiled constraints and the check that some configuration is
+left in `fleettune.space.constraints`, row conversions and keys in `fleettune.space.rows`,
+model features in `fleettune.space.encode`.
 """
 
 from __future__ import annotations
@@ -14,16 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from fleettune.space import rows as rowlib
+from fleettune.space.constraints import ConstraintSet
 from fleettune.space.devices import DeviceLimits
 from fleettune.space.encode import Encoding, build_encoding
-from fleettune.space.enumeration import (
-    CHUNK_ROWS,
-    TRUTH_TABLE_LIMIT,
-    Factor,
-    Residual,
-    Solver,
-    choose_residuals,
-)
+from fleettune.space.enumeration import CHUNK_ROWS
 from fleettune.space.errors import SpaceError
 from fleettune.space.expr import Constraint, parse_constraint
 from fleettune.space.params import Parameter, parse_parameter
@@ -44,13 +46,10 @@ class SearchSpace:
         self.device = device
         self.names: tuple[str, ...] = tuple(p.name for p in self.parameters)
         self.sizes: tuple[int, ...] = tuple(len(p.values) for p in self.parameters)
-        self._index = {name: j for j, name in enumerate(self.names)}
-        self._scopes = [tuple(sorted(self._index[n] for n in c.names)) for c in self.constraints]
-        self._tables: list[np.ndarray | None] = []
-        self._constant_false: list[int] = []
-        self._build()
+        self._compiled = ConstraintSet(self.parameters, self.constraints)
+        self._solver = self._compiled.solver
         if check_not_empty:
-            self._check_not_empty()
+            self._compiled.check_not_empty(device)
 
     # ---------------------------------------------------------------------------------------
     # construction
@@ -79,78 +78,6 @@ class SearchSpace:
         compiled = [parse_constraint(c, f"constraints[{i}]", by_name, device) for i, c in enumerate(constraints)]
         return cls(params, compiled, device)
 
-    def _truth_table(self, k: int) -> np.ndarray:
-        """Constraint k evaluated on the Cartesian product of its own parameters."""
-        scope = self._scopes[k]
-        shape = tuple(self.sizes[j] for j in scope)
-        total = math.prod(shape)
-        out = np.empty(total, dtype=bool)
-        for start in range(0, total, CHUNK_ROWS):
-            stop = min(total, start + CHUNK_ROWS)
-            idx = np.unravel_index(np.arange(start, stop), shape) if shape else ()
-            cols = {j: idx[i] for i, j in enumerate(scope)}
-            out[start:stop] = self._evaluate(k, cols, stop - start)
-        return out.reshape(shape)
-
-    def _evaluate(self, k: int, cols: Mapping[int, np.ndarray], n: int) -> np.ndarray:
-        c = self.constraints[k]
-        env = {self.names[j]: self.parameters[j].array[cols[j]] for j in self._scopes[k]}
-        try:
-            return c.evaluate(env, n)
-        except (TypeError, ValueError, ArithmeticError) as exc:  # e.g. numpy refusing an operation on a type
-            raise SpaceError(c.field, f"cannot evaluate {c.text!r}: {exc}") from None
-
-    def _build(self) -> None:
-        sizes = self.sizes
-        too_big = [math.prod(sizes[j] for j in s) > TRUTH_TABLE_LIMIT for s in self._scopes]
-        residual = choose_residuals(sizes, [s for s, big in zip(self._scopes, too_big, strict=True) if not big])
-        it = iter(residual)
-        is_residual = [True if big else next(it) for big in too_big]
-        merged: dict[tuple[int, ...], np.ndarray] = {}
-        residuals: list[Residual] = []
-        for k, scope in enumerate(self._scopes):
-            if is_residual[k]:
-                self._tables.append(None)
-                residuals.append(Residual(scope, self._residual_check(k)))
-                continue
-            table = self._truth_table(k)
-            self._tables.append(table)
-            if not table.any():
-                self._constant_false.append(k)
-            merged[scope] = table if scope not in merged else (merged[scope] & table)
-        self._residual_flags = is_residual
-        self._solver = Solver(sizes, [Factor(s, t) for s, t in merged.items()], residuals)
-
-    def _residual_check(self, k: int):
-        return lambda cols, n: self._evaluate(k, cols, n)
-
-    def _check_not_empty(self) -> None:
-        if self._exists():
-            return
-        if self._constant_false:
-            k = self._constant_false[0]
-            c = self.constraints[k]
-            if c.names:
-                raise SpaceError(c.field, f"no value of {', '.join(c.names)} satisfies {c.text!r}: "
-                                          "no valid configuration is left")
-            device = self.device.name if self.device is not None else "the device"
-            raise SpaceError(c.field, f"{device} does not satisfy {c.text!r}: no valid configuration is left")
-        # Find the first constraint that, added to those before it, empties the space.
-        for k in range(1, len(self.constraints) + 1):
-            sub = SearchSpace(self.parameters, self.constraints[:k], self.device, check_not_empty=False)
-            if not sub._exists():
-                c = self.constraints[k - 1]
-                before = f" together with constraints[0..{k - 2}]" if k > 1 else ""
-                raise SpaceError(c.field, f"{c.text!r}{before} leaves no valid configuration") from None
-        raise SpaceError("constraints", "the constraints leave no valid configuration")
-
-    def _exists(self) -> bool:
-        if self._solver.superset_count == 0:
-            return False
-        if not self._solver.residuals:
-            return True
-        return next(iter(self._solver.iter_blocks()), None) is not None
-
     def __reduce__(self):
         # Constraints are compiled closures; rebuild from the spec on the other side (executors).
         return (_rebuild, ([p.spec for p in self.parameters], [c.text for c in self.constraints], self.device))
@@ -169,7 +96,7 @@ class SearchSpace:
     @property
     def residual_constraints(self) -> tuple[Constraint, ...]:
         """Constraints too wide for a table; checked by filtering (slower count, rejection sampling)."""
-        return tuple(c for c, r in zip(self.constraints, self._residual_flags, strict=True) if r)
+        return tuple(c for c, r in zip(self.constraints, self._compiled.residual_flags, strict=True) if r)
 
     @cached_property
     def _count(self) -> int:
@@ -178,12 +105,6 @@ class SearchSpace:
     def count(self) -> int:
         """Exact number of valid configurations."""
         return self._count
-
-    def _rows_from_cols(self, cols: Mapping[int, np.ndarray], n: int) -> np.ndarray:
-        out = np.empty((n, len(self.sizes)), dtype=np.int32)
-        for j in range(len(self.sizes)):
-            out[:, j] = cols[j]
-        return out
 
     def enumerate(self, limit: int | None = None, dtype: Any = np.int32) -> np.ndarray:
         """All valid configurations as index rows (at most ``limit``), in a fixed order.
@@ -248,7 +169,7 @@ class SearchSpace:
         """``n`` independent uniform draws (with replacement) from the valid configurations."""
         solver = self._solver
         if not solver.residuals:
-            return self._rows_from_cols(solver.sample_superset(n, rng), n)
+            return rowlib.rows_from_cols(solver.sample_superset(n, rng), n, len(self.sizes))
         parts: list[np.ndarray] = []
         got = proposed = 0
         accept = 0.5
@@ -257,7 +178,7 @@ class SearchSpace:
             cols = solver.sample_superset(batch, rng)
             ok = solver.residual_ok(cols, batch)
             proposed += batch
-            rows = self._rows_from_cols(cols, batch)[ok]
+            rows = rowlib.rows_from_cols(cols, batch, len(self.sizes))[ok]
             parts.append(rows)
             got += rows.shape[0]
             accept = max(got / proposed, 1.0 / proposed)
@@ -308,70 +229,23 @@ class SearchSpace:
     # validity and conversions
 
     def _as_rows(self, rows: Any) -> np.ndarray:
-        arr = np.asarray(rows)
-        if arr.ndim == 1:
-            arr = arr[None, :]
-        if arr.ndim != 2 or arr.shape[1] != len(self.sizes):
-            raise SpaceError("rows", f"expected index rows of width {len(self.sizes)}, got shape {np.shape(rows)}")
-        if arr.size and arr.dtype.kind not in "iu":
-            raise SpaceError("rows", f"index rows must be integers, got {arr.dtype}")
-        return arr
+        return rowlib.as_rows(rows, len(self.sizes))
 
     def is_valid(self, rows: Any) -> np.ndarray:
         """Boolean per row: indices in range and every constraint satisfied."""
         arr = self._as_rows(rows)
-        n = arr.shape[0]
-        ok = np.ones(n, dtype=bool)
+        ok = np.ones(arr.shape[0], dtype=bool)
         for j, size in enumerate(self.sizes):
             ok &= (arr[:, j] >= 0) & (arr[:, j] < size)
         safe = np.where(ok[:, None], arr, 0)
-        for k, scope in enumerate(self._scopes):
-            table = self._tables[k]
-            if table is not None:
-                ok &= table[tuple(safe[:, j] for j in scope)] if scope else bool(table)
-            else:
-                ok &= self._evaluate(k, {j: safe[:, j] for j in scope}, n)
-        return ok
+        return ok & self._compiled.satisfied(safe)
 
     def to_configs(self, rows: Any) -> list[dict[str, Any]]:
-        arr = self._as_rows(rows)
-        for j, size in enumerate(self.sizes):
-            col = arr[:, j]
-            if col.size and (col.min() < 0 or col.max() >= size):
-                raise SpaceError("rows", f"index out of range for parameter {self.names[j]!r} "
-                                         f"(it has {size} values)")
-        columns = [[p.plain(p.values[i]) for i in arr[:, j].tolist()] for j, p in enumerate(self.parameters)]
-        return [dict(zip(self.names, vals, strict=True)) for vals in zip(*columns, strict=True)] if columns else []
+        return rowlib.to_configs(self.parameters, self._as_rows(rows))
 
     def to_rows(self, configs: Iterable[Mapping[str, Any]]) -> np.ndarray:
         """Index rows of configurations given as name → value; `SpaceError` if one is not in the space."""
-        configs = list(configs)
-        names = set(self._index)
-        for i, config in enumerate(configs):
-            if not isinstance(config, Mapping):
-                raise SpaceError(f"configs[{i}]", f"expected a mapping of parameter name to value, got "
-                                                  f"{type(config).__name__}")
-            if config.keys() != names:
-                extra = set(config) - names
-                if extra:
-                    raise SpaceError(f"configs[{i}]", f"unknown parameter {sorted(map(str, extra))[0]!r}")
-                missing = [n for n in self.names if n not in config]
-                raise SpaceError(f"configs[{i}]", f"missing parameter {missing[0]!r}")
-        out = np.empty((len(configs), len(self.sizes)), dtype=np.int32)
-        for j, p in enumerate(self.parameters):
-            lookup = p.lookup
-            # Numbers look themselves up directly (value_key of a number is the number); anything
-            # else, and misses, go through index_of for the type-aware rules.
-            direct = p.kind == "numeric"
-            for i, config in enumerate(configs):
-                v = config[p.name]
-                idx = lookup.get(v) if direct and type(v) in (int, float) else None
-                if idx is None:
-                    idx = p.index_of(v)
-                    if idx is None:
-                        raise SpaceError(f"configs[{i}].{p.name}", f"{v!r} is not a value of {p.name!r}")
-                out[i, j] = idx
-        return out
+        return rowlib.to_rows(self.parameters, configs)
 
     def key(self, config_or_row: Any) -> str:
         """Stable string key: the values joined by "," in parameter order (Kernel Tuner's cache key)."""
@@ -379,13 +253,7 @@ class SearchSpace:
             row = self.to_rows([config_or_row])[0]
         else:
             row = self._as_rows(config_or_row)[0]
-        parts = []
-        for j, p in enumerate(self.parameters):
-            if not 0 <= row[j] < self.sizes[j]:
-                raise SpaceError("rows", f"index out of range for parameter {p.name!r}")
-            v = p.values[int(row[j])]
-            parts.append("(" + " ".join(map(str, v)) + ")" if p.type == "permutation" else str(v))
-        return ",".join(parts)
+        return rowlib.row_key(self.parameters, row)
 
     def default_row(self) -> np.ndarray | None:
         """The parameters' defaults as an index row, if every parameter has one and the row is valid."""
@@ -417,32 +285,8 @@ class SearchSpace:
     def neighbours(self, row: Any) -> np.ndarray:
         """Valid rows one move away: the adjacent value of a numeric parameter, any other value of
         a categorical/boolean one, or a swap of two items of a permutation."""
-        base = self._as_rows(row)[0].astype(np.int32)
-        candidates: list[np.ndarray] = []
-        for j, p in enumerate(self.parameters):
-            cur = int(base[j])
-            if p.kind == "numeric":
-                order = p.sorted_order
-                rank = int(np.flatnonzero(order == cur)[0])
-                alts = [int(order[r]) for r in (rank - 1, rank + 1) if 0 <= r < len(order)]
-            elif p.kind == "permutation":
-                perm = list(p.values[cur])
-                alts = []
-                for a in range(len(perm)):
-                    for b in range(a + 1, len(perm)):
-                        swapped = perm.copy()
-                        swapped[a], swapped[b] = swapped[b], swapped[a]
-                        alts.append(p.lookup[tuple(swapped)])
-            else:
-                alts = [i for i in range(len(p.values)) if i != cur]
-            for a in alts:
-                cand = base.copy()
-                cand[j] = a
-                candidates.append(cand)
-        if not candidates:
-            return np.zeros((0, len(self.sizes)), dtype=np.int32)
-        cands = np.stack(candidates)
-        return cands[self.is_valid(cands)]
+        cands = rowlib.neighbour_candidates(self.parameters, self._as_rows(row)[0].astype(np.int32))
+        return cands[self.is_valid(cands)] if len(cands) else cands
 
 
 def _rebuild(parameters: list[dict[str, Any]], constraints: list[str], device: DeviceLimits | None) -> SearchSpace:

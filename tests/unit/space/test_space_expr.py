@@ -66,7 +66,7 @@ def test_semantics_match_python(expr, reference):
 
 
 def test_accepts_every_t1_condition(data_dir):
-    from fleettune.space.interop import read_t1_spec
+    from fleettune_dev.interop import read_t1_spec
 
     specs = sorted((data_dir / "specs").glob("*.json"))
     assert specs

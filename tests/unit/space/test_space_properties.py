@@ -113,10 +113,10 @@ def test_enumeration_and_sampling_match_brute_force(space_def):
 def force_residuals(mp: pytest.MonkeyPatch) -> None:
     """Make every multi-parameter constraint a residual: exercises push-down filtering,
     streaming count and rejection sampling instead of bucket elimination."""
-    import fleettune.space.space as space_module
+    import fleettune.space.constraints as constraints_module
 
     mp.setattr(enumeration_module, "BUCKET_LIMIT", 4)
-    mp.setattr(space_module, "TRUTH_TABLE_LIMIT", 4)
+    mp.setattr(constraints_module, "TRUTH_TABLE_LIMIT", 4)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

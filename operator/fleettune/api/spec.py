@@ -1,46 +1,24 @@
-"""Pydantic models of the TuningRun custom resource: the single source of its schema.
-
-`fleettune crd` generates the CustomResourceDefinition's OpenAPI schema from these
-models (see crd.py), and a test checks that the committed YAML matches, so the models
-and the schema cannot drift. Structural checks (types, enums, bounds, required fields,
-cross-field rules as CEL) are enforced by the API server at apply time; semantic checks
-that need the search-space library (constraint expressions, value types, device limits)
-are done by the operator and reported in a status condition naming the field.
-"""
+"""The TuningRun's spec: what to tune, over which parameters, on which node pools."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, StringConstraints
+
+from fleettune.api.base import CEL, MAX_PREDICTIONS, MAX_TUNED_TARGETS, Model
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
-CEL = "x-kubernetes-validations"
 
 ParameterType = Literal["integer", "ordinal", "real", "categorical", "boolean", "permutation"]
 StrategyName = Literal["bayes", "random", "genetic"]
 RetunePolicy = Literal["Manual", "OnDriverChange"]
-Phase = Literal["Pending", "Running", "Succeeded", "Failed"]
-TargetPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unschedulable"]
 Dimension = Annotated[int, Field(ge=1, le=2**31 - 1)]
-ProblemSize = Annotated[list[Dimension], Field(min_length=1, max_length=3)]
+# A problem size as the spec writes it (in code: `fleettune.sizes.ProblemSize`, a tuple).
+ProblemSizeSpec = Annotated[list[Dimension], Field(min_length=1, max_length=3)]
 MAX_PROBLEM_SIZES = 8
-# The status must stay far below the API server's object limit whatever the spec asks:
-# targets × problem sizes (one status.targets entry each) and targets × predictFor sizes
-# (one status.predictions entry each) are bounded.
-MAX_TUNED_TARGETS = 24
-MAX_PREDICTIONS = 24
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
 
 Expression = Annotated[str, StringConstraints(min_length=1, max_length=500)]
 ArgumentDtype = Literal[
@@ -49,7 +27,7 @@ ArgumentDtype = Literal[
 CONFIG_MAP_KEY = r"^[-._a-zA-Z0-9]+$"
 
 
-class ArgumentSpec(_Model):
+class ArgumentSpec(Model):
     """One argument of a user kernel, in the kernel's parameter order."""
 
     model_config = ConfigDict(json_schema_extra={CEL: [
@@ -93,7 +71,7 @@ class ArgumentSpec(_Model):
     output: bool = Field(default=False, description="The kernel writes it: compared with the reference.")
 
 
-class VerificationSpec(_Model):
+class VerificationSpec(Model):
     """How a configuration's outputs are checked before it may count as valid."""
 
     reference_function: str | None = Field(
@@ -108,7 +86,7 @@ class VerificationSpec(_Model):
     )
 
 
-class SourceRef(_Model):
+class SourceRef(Model):
     """User CUDA source held in a ConfigMap of the run's namespace."""
 
     config_map: str = Field(
@@ -136,7 +114,7 @@ class SourceRef(_Model):
     )
 
 
-class KernelSpec(_Model):
+class KernelSpec(Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
         {"rule": "has(self.builtin) != has(self.source)",
          "message": "set exactly one of kernel.builtin or kernel.source"},
@@ -160,8 +138,8 @@ class KernelSpec(_Model):
         description="A kernel shipped in the job image: convolution, gemm or scan.",
     )
     source: SourceRef | None = None
-    problem_size: ProblemSize | None = Field(default=None, description="Problem size, e.g. [4096, 4096].")
-    problem_sizes: list[ProblemSize] | None = Field(
+    problem_size: ProblemSizeSpec | None = Field(default=None, description="Problem size, e.g. [4096, 4096].")
+    problem_sizes: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
         description="Several problem sizes, each tuned on every target (one after another, each warm-started "
         "from the sizes before it); budget.trialsPerTarget applies per size.",
@@ -182,7 +160,7 @@ class KernelSpec(_Model):
         return list(dict.fromkeys(tuple(s) for s in given if s))
 
 
-class RangeSpec(_Model):
+class RangeSpec(Model):
     model_config = ConfigDict(json_schema_extra={CEL: [{"rule": "self.min <= self.max", "message": "min > max"}]})
 
     min: float = Field(description="Smallest value (inclusive).")
@@ -192,7 +170,7 @@ class RangeSpec(_Model):
     )
 
 
-class ParameterSpec(_Model):
+class ParameterSpec(Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
         # (`values` holds scalars of any type, which CEL cannot see: the operator checks it.)
         {"rule": "!(self.type in ['integer', 'real']) || has(self.range)",
@@ -220,12 +198,12 @@ class ParameterSpec(_Model):
     default: Any = Field(default=None, description="The untuned value (see kernel.defaultConfig).")
 
 
-class ObjectiveSpec(_Model):
+class ObjectiveSpec(Model):
     metric: Literal["time"] = Field(default="time", description="Kernel time in milliseconds (median of repeats).")
     direction: Literal["minimize"] = Field(default="minimize", description="Kernel time is minimised.")
 
 
-class StrategySpec(_Model):
+class StrategySpec(Model):
     name: StrategyName = Field(
         default="bayes",
         description="bayes: Bayesian optimisation with a feasibility model (default); random; genetic.",
@@ -240,7 +218,7 @@ class StrategySpec(_Model):
     )
 
 
-class BudgetSpec(_Model):
+class BudgetSpec(Model):
     trials_per_target: int = Field(
         default=60, ge=1, le=100_000, description="Trials per target pool (and problem size)."
     )
@@ -262,7 +240,7 @@ class BudgetSpec(_Model):
     )
 
 
-class TargetSpec(_Model):
+class TargetSpec(Model):
     name: str = Field(
         pattern=DNS_LABEL, max_length=24, description="The pool's name in the status, metrics and published keys."
     )
@@ -291,7 +269,7 @@ class TargetSpec(_Model):
     )
 
 
-class JobTemplateSpec(_Model):
+class JobTemplateSpec(Model):
     image: str | None = Field(
         default=None, max_length=512, description="Job image; default: the operator's FLEETTUNE_JOB_IMAGE."
     )
@@ -305,7 +283,7 @@ class JobTemplateSpec(_Model):
     backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")
 
 
-class PublishSpec(_Model):
+class PublishSpec(Model):
     config_map_name: str = Field(
         max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap that receives the best configuration per pool."
     )
@@ -314,7 +292,7 @@ class PublishSpec(_Model):
     )
 
 
-class TuningRunSpec(_Model):
+class TuningRunSpec(Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
         {"rule": "self.parameters.all(p, self.parameters.exists_one(q, q.name == p.name))",
          "message": "parameter names must be unique", "fieldPath": ".parameters"},
@@ -352,142 +330,8 @@ class TuningRunSpec(_Model):
     publish: PublishSpec | None = Field(
         default=None, description="Publish the best configuration per pool to a ConfigMap for applications."
     )
-    predict_for: list[ProblemSize] | None = Field(
+    predict_for: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
         description="Problem sizes never tuned: status.predictions recommends a configuration per target for each, "
         "from the tuned sizes' results.",
     )
-
-
-# ---------------------------------------------------------------- status
-
-
-class Condition(_Model):
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
-
-
-class Fingerprint(_Model):
-    product: str = ""
-    compute_capability: str = ""
-    driver_version: str = ""
-    cuda_runtime_version: str = ""
-    simulated: bool = False
-    synthetic: bool = False
-
-
-class TunedFor(_Model):
-    """The GPU fingerprint (from node labels) a pool's current round is tuned for."""
-
-    product: str | None = None
-    compute_capability: str | None = None
-    driver_version: str | None = None
-    cuda_runtime_version: str | None = None
-    mig_profile: str | None = None
-    sharing: str | None = None
-    replicas: int | None = None
-    arch: str | None = None
-    l4t_version: str | None = Field(default=None, alias="l4tVersion")
-    family: str | None = None
-    memory_mib: int | None = None
-    source: str | None = None
-
-
-class ConfigResult(_Model):
-    config: dict[str, Any]
-    objective_ms: float
-    trial: int
-
-
-class RankedConfig(_Model):
-    """One of the best configurations, on one line (`kubectl describe` stays short)."""
-
-    config: str = Field(description="The configuration as name=value pairs.")
-    objective_ms: float
-    trial: int
-
-
-class TrialCounts(_Model):
-    completed: int = 0
-    valid: int = 0
-    invalid: int = 0
-    infra_failed: int = 0
-    running: int = 0
-
-
-class TargetStatus(TrialCounts):
-    name: str = Field(description="The target, or target.size when the run tunes several problem sizes.")
-    target: str | None = Field(default=None, description="The target's name, when `name` is one size of it.")
-    problem_size: list[int] | None = None
-    phase: TargetPhase = "Pending"
-    budget: int = 0
-    space_size: int | None = Field(
-        default=None, description="Valid configurations on this pool's GPU (at most 2^63-1 is shown)."
-    )
-    device: str = ""
-    fingerprint: Fingerprint | None = None
-    best: ConfigResult | None = None
-    top: list[RankedConfig] = Field(
-        default_factory=list, max_length=5, description="The best configurations, best first (`best` in full)."
-    )
-    round: int = Field(default=1, description="Tuning round; a driver change or a retune request starts the next.")
-    round_started_at: str | None = None
-    tuned_for: TunedFor | None = None
-    stale: str | None = Field(default=None, description="What changed since the round started (old → new).")
-    default_ms: float | None = None
-    speedup: float | None = Field(default=None, description="Default configuration's time / best time.")
-    message: str = ""
-
-
-class Prediction(_Model):
-    """A recommended configuration for a problem size that was never tuned."""
-
-    target: str
-    problem_size: list[int]
-    config: dict[str, Any] | None = None
-    predicted_ms: float | None = None
-    basis: str = ""
-
-
-class ResultsRef(_Model):
-    config_map_prefix: str
-    shards: int = 0
-    records: int = 0
-
-
-class TuningRunStatus(_Model):
-    phase: Phase = "Pending"
-    observed_generation: int | None = None
-    progress: str = Field(default="", description="Trials recorded / budget, for `kubectl get`.")
-    best_summary: str = Field(default="", description="Best time per pool in short form, for `kubectl get`.")
-    trials: TrialCounts = Field(default_factory=TrialCounts)
-    targets: list[TargetStatus] = Field(default_factory=list, max_length=MAX_TUNED_TARGETS)
-    predictions: list[Prediction] = Field(default_factory=list, max_length=MAX_PREDICTIONS)
-    results: ResultsRef | None = None
-    space_hash: str | None = Field(default=None, description="Hash of kernel, parameters, constraints, objective.")
-    source_digest: str | None = Field(
-        default=None, description="SHA-256 of the user kernel's source that the current rounds measure."
-    )
-    last_handled_retune_at: str | None = Field(
-        default=None, description="The fleettune.dev/retune-requested-at token last acted on."
-    )
-    published: str | None = Field(default=None, description="ConfigMap holding the published best configurations.")
-    conditions: list[Condition] = Field(default_factory=list, max_length=16)
-    started_at: str | None = None
-    completed_at: str | None = None
-
-
-class TuningRun(_Model):
-    """A whole object, as read from the API server (metadata kept as a plain dict)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-    api_version: str = "fleettune.dev/v1alpha1"
-    kind: str = "TuningRun"
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: TuningRunSpec
-    status: TuningRunStatus | None = None

@@ -1,0 +1,126 @@
+"""Pydantic models of the TuningRun custom resource: the single source of its schema.
+
+`fleettune crd` generates the CustomResourceDefinition's OpenAPI schema from these
+models (see crd.py), and a test checks that the committed YAML matches, so the models
+and the schema cannot drift. Structural checks (types, enums, bounds, required fields,
+cross-field rules as CEL) are enforced by the API server at apply time; semantic checks
+that need the search-space library (constraint expressions, value types, device limits)
+are done by the operator and reported in a status condition naming the field.
+
+The models are split by part of the object: `spec` (what to tune), `status` (what the
+operator reports), `base` (their camelCase base model and shared bounds); every name is
+importable from `fleettune.api`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from fleettune.api.base import (
+    CEL,
+    MAX_PREDICTIONS,
+    MAX_TUNED_TARGETS,
+    Model,
+)
+from fleettune.api.spec import (
+    CONFIG_MAP_KEY,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    IDENTIFIER,
+    MAX_PROBLEM_SIZES,
+    ArgumentDtype,
+    ArgumentSpec,
+    BudgetSpec,
+    Dimension,
+    Expression,
+    JobTemplateSpec,
+    KernelSpec,
+    ObjectiveSpec,
+    ParameterSpec,
+    ParameterType,
+    ProblemSizeSpec,
+    PublishSpec,
+    RangeSpec,
+    RetunePolicy,
+    SourceRef,
+    StrategyName,
+    StrategySpec,
+    TargetSpec,
+    TuningRunSpec,
+    VerificationSpec,
+)
+from fleettune.api.status import (
+    Condition,
+    ConfigResult,
+    Fingerprint,
+    Phase,
+    Prediction,
+    RankedConfig,
+    ResultsRef,
+    TargetPhase,
+    TargetStatus,
+    TrialCounts,
+    TunedFor,
+    TuningRunStatus,
+)
+
+
+class TuningRun(Model):
+    """A whole object, as read from the API server (metadata kept as a plain dict)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    api_version: str = "fleettune.dev/v1alpha1"
+    kind: str = "TuningRun"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: TuningRunSpec
+    status: TuningRunStatus | None = None
+
+
+__all__ = [
+    "CEL",
+    "CONFIG_MAP_KEY",
+    "DNS_LABEL",
+    "DNS_SUBDOMAIN",
+    "IDENTIFIER",
+    "MAX_PREDICTIONS",
+    "MAX_PROBLEM_SIZES",
+    "MAX_TUNED_TARGETS",
+    "ArgumentDtype",
+    "ArgumentSpec",
+    "BudgetSpec",
+    "Condition",
+    "ConfigResult",
+    "Dimension",
+    "Expression",
+    "Fingerprint",
+    "JobTemplateSpec",
+    "KernelSpec",
+    "Model",
+    "ObjectiveSpec",
+    "ParameterSpec",
+    "ParameterType",
+    "Phase",
+    "Prediction",
+    "ProblemSizeSpec",
+    "PublishSpec",
+    "RangeSpec",
+    "RankedConfig",
+    "ResultsRef",
+    "RetunePolicy",
+    "SourceRef",
+    "StrategyName",
+    "StrategySpec",
+    "TargetPhase",
+    "TargetSpec",
+    "TargetStatus",
+    "TrialCounts",
+    "TunedFor",
+    "TuningRun",
+    "TuningRunSpec",
+    "TuningRunStatus",
+    "VerificationSpec",
+]
