@@ -1,8 +1,8 @@
 """Prometheus metrics of the operator, served on ``:8080/metrics``.
 
-The controller calls the plain functions at the bottom of this module; they update the
-default :class:`Metrics` bound to the module-level :data:`REGISTRY`. Tests build their
-own ``Metrics(CollectorRegistry())`` so that they never see each other's samples.
+One :class:`Metrics` object holds every family; the operator builds one at start-up
+(:func:`operator_metrics`, with the process collectors) and hands it to each run's loop.
+Tests build their own (``Metrics.unregistered()``) so they never see each other's samples.
 
 Labels are bounded on purpose: ``namespace``, ``run``, ``target`` (≤ 16 per run, from the
 spec), ``outcome`` (the 7 protocol outcomes) and ``phase`` (the 4 run phases). Never a
@@ -10,8 +10,9 @@ trial index, a Job name or a configuration: those would create a series per tria
 grow the scrape without bound. Per-trial detail lives in the results store and in
 ``fleettune report``.
 
-Every series of a run is remembered so that :func:`forget_run` can drop them when the
-run is deleted; otherwise a long-lived operator would keep exporting dead runs forever.
+Every series of a run is remembered so that they can be dropped when the run is deleted
+(``Metrics.forget_run``); otherwise a long-lived operator would keep exporting dead runs
+forever.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ class Metrics:
     _series: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = field(
         default_factory=dict, repr=False
     )
+
+    @classmethod
+    def unregistered(cls) -> Metrics:
+        """Metrics nobody scrapes: for a tuning loop run outside the operator (tests, tools)."""
+        return cls(CollectorRegistry())
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -332,74 +338,18 @@ def trial_timings(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> 
     return TrialTimings(duration, wait)
 
 
-# ---------------------------------------------------------------------- module API
-
-REGISTRY = CollectorRegistry()
-for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-    # The operator's own CPU and memory: a slow suggestion is often a starved pod.
-    REGISTRY.register(_collector)
-METRICS = Metrics(REGISTRY)
+# ---------------------------------------------------------------------- the operator's registry
 
 
-def trial_recorded(
-    namespace: str, run: str, target: str, outcome: str,
-    duration_s: float | None = None, queue_wait_s: float | None = None,
-) -> None:
-    METRICS.trial_recorded(namespace, run, target, outcome, duration_s, queue_wait_s)
+def operator_metrics() -> Metrics:
+    """The metrics of a running operator: its own families, and its process's CPU, memory
+    and garbage collection (a slow suggestion is often a starved pod)."""
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return Metrics(registry)
 
 
-def pool_progress(
-    namespace: str, run: str, target: str, *, used: int, budget: int, in_flight: int, parallelism: int | None,
-    best_ms: float | None, speedup: float | None = None,
-) -> None:
-    METRICS.pool_progress(
-        namespace, run, target, used=used, budget=budget, in_flight=in_flight, parallelism=parallelism,
-        best_ms=best_ms, speedup=speedup,
-    )
-
-
-def observe_status(namespace: str, run: str, status: Mapping[str, Any], *, parallelism: int | None = None) -> None:
-    METRICS.observe_status(namespace, run, status, parallelism=parallelism)
-
-
-def run_phase(namespace: str, run: str, phase: str) -> None:
-    METRICS.set_run_phase(namespace, run, phase)
-
-
-def suggestion_latency(namespace: str, run: str, target: str, seconds: float) -> None:
-    METRICS.suggestion_latency(namespace, run, target, seconds)
-
-
-def model_fit(namespace: str, run: str, target: str, seconds: float) -> None:
-    METRICS.model_fit_latency(namespace, run, target, seconds)
-
-
-def pool_stale(namespace: str, run: str, target: str, stale: bool) -> None:
-    METRICS.pool_stale(namespace, run, target, stale)
-
-
-def fingerprint_info(
-    namespace: str, run: str, target: str, product: str, driver: str, cuda: str,
-    compute_capability: str = "", simulated: bool = False,
-) -> None:
-    METRICS.fingerprint_info(
-        namespace, run, target, product=product, driver=driver, cuda=cuda,
-        compute_capability=compute_capability, simulated=simulated,
-    )
-
-
-def reconcile_error(namespace: str, run: str) -> None:
-    METRICS.reconcile_error(namespace, run)
-
-
-def forget_target(namespace: str, run: str, target: str) -> None:
-    METRICS.forget_target(namespace, run, target)
-
-
-def forget_run(namespace: str, run: str) -> None:
-    METRICS.forget_run(namespace, run)
-
-
-def start_http_server(port: int = DEFAULT_PORT, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> Any:
+def start_http_server(metrics: Metrics, port: int = DEFAULT_PORT, addr: str = "0.0.0.0") -> Any:
     """Serve ``/metrics`` from a daemon thread (never blocks kopf's event loop)."""
-    return prometheus_client.start_http_server(port, addr=addr, registry=registry)
+    return prometheus_client.start_http_server(port, addr=addr, registry=metrics.registry)

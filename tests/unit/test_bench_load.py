@@ -7,7 +7,8 @@ import math
 import pytest
 
 from fleettune.api import TuningRunSpec
-from fleettune.bench.load import (
+from fleettune.results import TrialRecord
+from fleettune_dev.bench.load import (
     NAMESPACE,
     Observer,
     PodTimes,
@@ -21,7 +22,6 @@ from fleettune.bench.load import (
     run_manifests,
     utilisation,
 )
-from fleettune.results import TrialRecord
 from fleettune_job.protocol import Outcome
 
 

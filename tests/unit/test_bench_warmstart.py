@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleettune.bench.strategy import load_replay, parse_options, run_once
-from fleettune.bench.warmstart import drive, evals_to, format_reach, main, run_seed, study_for, summarise
+from fleettune_dev.bench.strategy import load_replay, parse_options, run_once
+from fleettune_dev.bench.warmstart import drive, evals_to, format_reach, main, run_seed, study_for, summarise
 
 VALUES = {"bx": [16, 32, 64, 128, 256], "tile": [1, 2, 4, 8], "vec": [1, 2]}
 
@@ -136,7 +136,7 @@ def test_options_are_checked_against_the_strategy(caches) -> None:
     src, tgt = caches
     with pytest.raises(SystemExit, match=r"prior_path: not an option of strategy 'bayes' \(options: .*prior_paths"):
         main(["--source", str(src), "--target", str(tgt), "--option", "prior_path=2"])
-    with pytest.raises(SystemExit, match="--strategy nope: not a strategy"):
+    with pytest.raises(SystemExit, match="--strategy: 'nope' is not a strategy"):
         main(["--source", str(src), "--target", str(tgt), "--strategy", "nope"])
     assert parse_options(["prior_paths=2", 'transform="copula"'], "bayes") == {"prior_paths": 2, "transform": "copula"}
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fleettune.controller.kube import EndedPods, Kube, WatchCache, parse_selector
+from fleettune.controller.kube import Kube
+from fleettune.controller.watch import EndedPods, WatchCache, parse_selector
 
 MANAGED = {"app.kubernetes.io/managed-by": "fleettune"}
 SEL_A = "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run=a"

@@ -137,8 +137,8 @@ def test_sample_names_cover_series_not_yet_created(m: Metrics) -> None:
     assert "fleettune_trials" not in names
 
 
-def test_default_registry_has_process_metrics() -> None:
-    names = metrics.sample_names(metrics.REGISTRY)
+def test_operator_registry_has_process_metrics() -> None:
+    names = metrics.operator_metrics().sample_names()
     assert "process_resident_memory_bytes" in names
     assert "fleettune_build_info" in names
 
@@ -176,7 +176,7 @@ def test_http_server_serves_the_registry(m: Metrics) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server, thread = metrics.start_http_server(port, addr="127.0.0.1", registry=m.registry)
+    server, thread = metrics.start_http_server(m, port, addr="127.0.0.1")
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:

@@ -22,9 +22,9 @@ def _pool(key: str, after: tuple[str, ...] = (), round_: int = 1) -> Pool:
     return pool
 
 
-def _rec(target: str, index: int, bx: int, ms: float | None, generation: int = 1) -> TrialRecord:
+def _rec(target: str, index: int, bx: int, ms: float | None, round_: int = 1) -> TrialRecord:
     config = {**SPEC.kernel.default_config, "block_size_x": bx, "block_size_y": 1, "use_padding": 0}
-    return TrialRecord(target=target, index=index, config=config, key=str(bx), generation=generation,
+    return TrialRecord(target=target, index=index, config=config, key=str(bx), round=round_,
                        outcome=Outcome.OK if ms else Outcome.COMPILE_ERROR, objective=ms)
 
 
@@ -36,9 +36,9 @@ def test_kernel_sizes_one_or_several():
 def test_prior_from_earlier_sizes_of_this_round_and_older_rounds_each_relative_to_its_best():
     records = [
         _rec("a100.4096x4096", 0, 16, 4.0), _rec("a100.4096x4096", 1, 32, 2.0), _rec("a100.4096x4096", 2, 64, None),
-        _rec("a100.4096x4096", 3, 128, 8.0, generation=2),  # the earlier size, round 2
+        _rec("a100.4096x4096", 3, 128, 8.0, round_=2),  # the earlier size, round 2
         _rec("a100.2048x2048", 4, 16, 3.0), _rec("a100.2048x2048", 5, 32, 1.5),  # this size, round 1
-        _rec("a100.2048x2048", 6, 64, 9.0, generation=2),  # this size, this round: not a prior
+        _rec("a100.2048x2048", 6, 64, 9.0, round_=2),  # this size, this round: not a prior
         _rec("rtx.2048x2048", 7, 16, 0.1),  # another target
     ]
     pool = _pool("a100.2048x2048", after=("a100.4096x4096",), round_=2)
@@ -57,7 +57,7 @@ def test_prior_from_earlier_sizes_of_this_round_and_older_rounds_each_relative_t
 
 
 def test_strategy_options_zero_only_where_it_switches_a_behaviour_off():
-    from fleettune.controller.pool import SpecError, check_options
+    from fleettune.controller.spec import SpecError, check_options
 
     def spec(**options) -> TuningRunSpec:
         return SPEC.model_copy(update={"strategy": SPEC.strategy.model_copy(update={"options": options})})

@@ -31,7 +31,7 @@ async def _serve(**kwargs: object) -> None:
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="fleettune-worker")
     )
-    await kopf.operator(**kwargs)
+    await kopf.operator(**kwargs)  # type: ignore[arg-type]
 
 
 def main(argv: list[str]) -> int:
@@ -53,11 +53,12 @@ def main(argv: list[str]) -> int:
     from fleettune import logs
 
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)
-    import fleettune.controller.handlers  # noqa: F401  (registers the handlers)
-    from fleettune import metrics
+    from fleettune.controller.handlers import OperatorState  # importing it registers the handlers
+    from fleettune.metrics import operator_metrics, start_http_server
 
+    state = OperatorState(metrics=operator_metrics())
     if args.metrics_port:
-        metrics.start_http_server(args.metrics_port, args.metrics_address)
+        start_http_server(state.metrics, args.metrics_port, args.metrics_address)
     priority = args.priority
     if priority is None:
         priority = random.SystemRandom().randint(1, 2**31 - 1) if args.peering else 0
@@ -71,6 +72,7 @@ def main(argv: list[str]) -> int:
             peering_name=args.peering,
             priority=priority,
             liveness_endpoint=args.liveness,
+            memo=kopf.Memo(fleettune=state),
         )
     )
     return 0

@@ -27,7 +27,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _helm, _error
     if not any("helm" in getattr(item, "fixturenames", ()) for item in session.items):
         return
-    from fleettune.cluster.binaries import ensure_helm
+    from fleettune_dev.cluster.binaries import ensure_helm
 
     try:
         _helm = ensure_helm(_progress)

@@ -316,7 +316,7 @@ def test_deployment_args_are_accepted_by_the_operator_cli(
         assert kwargs["namespaces"] == values_doc.get("watchNamespaces", ["fleettune"])
     assert kwargs["liveness_endpoint"] == "http://0.0.0.0:8081/healthz"
     if values_doc.get("metrics", {}).get("enabled", True):
-        assert served and served[0][0] == 8080, "the chart's metrics Service expects the operator on :8080"
+        assert served and served[0][1] == 8080, "the chart's metrics Service expects the operator on :8080"
     else:
         assert not served
     assert kwargs["peering_name"] == (values_doc.get("peering", {}).get("name") if "peering" in values_doc else None)

@@ -64,8 +64,8 @@ def test_extractor_finds_metric_names() -> None:
 
 
 def test_every_query_uses_only_exported_metrics(dashboard: dict[str, Any]) -> None:
-    # A fresh Metrics has every fleettune family; the default registry adds process_*.
-    exported = metrics.Metrics(CollectorRegistry()).sample_names() | metrics.sample_names(metrics.REGISTRY)
+    # A fresh Metrics has every fleettune family; the operator's registry adds process_*.
+    exported = metrics.operator_metrics().sample_names()
     assert "fleettune_trials_total" in exported
     checked = 0
     for where, expr in queries(dashboard):

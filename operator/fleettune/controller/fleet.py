@@ -1,0 +1,87 @@
+"""A pool's nodes as the operator sees them: which match its target, what GPU they carry (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fleettune.api import TargetSpec
+from fleettune.controller.pool import Pool
+from fleettune.fingerprint import FT_PRODUCT, GFD_PRODUCT, PoolFingerprint, pool_fingerprint
+
+PRODUCT_LABELS = (GFD_PRODUCT, FT_PRODUCT)
+
+Node = tuple[Mapping[str, str], bool]  # (labels, unschedulable)
+
+
+def matching_nodes(nodes: Mapping[str, Node], target: TargetSpec) -> list[Node] | None:
+    """The target's nodes by its node selector; None when it selects by affinity only
+    (which the operator does not evaluate: the scheduler does)."""
+    if not target.node_selector:
+        return None
+    want = target.node_selector.items()
+    return [(labels, cordoned) for labels, cordoned in nodes.values() if all(labels.get(k) == v for k, v in want)]
+
+
+def current_fingerprint(nodes: list[Node] | None, target: TargetSpec) -> PoolFingerprint | None:
+    return pool_fingerprint(nodes, allow_shared=target.allow_shared_gpus) if nodes else None
+
+
+def product_of(pool: Pool, nodes: list[Node] | None) -> str | None:
+    if pool.spec.device:
+        return pool.spec.device
+    if pool.current is not None and pool.current.fingerprint.product:
+        return pool.current.fingerprint.product
+    for labels, _ in nodes or []:
+        for key in PRODUCT_LABELS:
+            if labels.get(key):
+                return labels[key]
+    return None
+
+
+def compute_capability(pool: Pool) -> str | None:
+    """The pool's GPU architecture: from its nodes' labels, else from the device catalog."""
+    if pool.current is not None and pool.current.fingerprint.compute_capability:
+        return pool.current.fingerprint.compute_capability
+    from fleettune.space import SpaceError, lookup_device
+
+    try:
+        return lookup_device(pool.device).cc if pool.device and pool.device != "unknown" else None
+    except SpaceError:
+        return None
+
+
+NODES_MAX_AGE_S = 15.0
+
+
+class FleetView:
+    """The cluster's nodes as last read, and each target's share of them.
+
+    Read again when a node event that matters bumped the epoch (driver upgrades, cordons,
+    new or lost nodes), or when the copy is older than NODES_MAX_AGE_S."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.version: tuple[int, float] | None = None  # (epoch, monotonic time) of the read
+        # Per target: its nodes and fingerprint, until the nodes are read again (the sizes
+        # of a target, and every step in between, share them).
+        self.views: dict[str, tuple[list[Node] | None, PoolFingerprint | None]] = {}
+
+    def wants(self, epoch: int, mono: float) -> bool:
+        return self.version is None or self.version[0] != epoch or mono - self.version[1] >= NODES_MAX_AGE_S
+
+    def accept(self, nodes: Iterable[Mapping[str, Any]], epoch: int, mono: float) -> None:
+        self.nodes = {
+            n["metadata"]["name"]: (n["metadata"].get("labels") or {}, bool(n.get("spec", {}).get("unschedulable")))
+            for n in nodes
+        }
+        self.version = (epoch, mono)
+        self.views.clear()
+
+    def of(self, target: TargetSpec) -> tuple[list[Node] | None, PoolFingerprint | None]:
+        """The target's nodes (None: it selects by affinity only) and their fingerprint."""
+        view = self.views.get(target.name)
+        if view is None:
+            nodes = matching_nodes(self.nodes, target)
+            view = self.views[target.name] = (nodes, current_fingerprint(nodes, target))
+        return view

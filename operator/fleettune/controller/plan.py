@@ -1,0 +1,127 @@
+"""One step's input and output: what the shell read (`Observed`), what the planner decided
+(`Plan`), and what the run's trial Jobs say (pure).
+
+A Job is decided when the Job controller marks it Complete or Failed, or earlier, when the
+watch saw its Pod end decisively (`results.decisive_end`): the record is taken then, so
+the pool's next trial starts at once, and the Job is deleted once the Job controller is
+done with it (one deleted earlier leaves its Pod to the slower orphan path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleettune.controller.reporting import Report
+from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
+from fleettune.metrics import TrialTimings, trial_timings
+from fleettune.results import TrialRecord, job_finished, record_from_job
+from fleettune.sizes import size_of_key
+from fleettune_job.protocol import TRIAL_ENV, Trial
+
+Job = dict[str, Any]
+RecordKey = tuple[int, str, int]  # (round, pool key, trial index): what the store is keyed by
+
+
+def trial_of(job: Job) -> Trial:
+    env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    return Trial.from_env(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
+
+
+def round_of(job: Job) -> int:
+    return int(job["metadata"].get("labels", {}).get(ROUND_LABEL, "1"))
+
+
+def job_labels(job: Job) -> tuple[str, int]:
+    labels = job["metadata"].get("labels", {})
+    return labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1"))
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the shell read for one step."""
+
+    wall: float  # epoch seconds: deadlines count from a round's start, which the status keeps
+    mono: float  # monotonic seconds: rate limits and re-checks
+    jobs: Sequence[Job]  # the run's trial Jobs
+    records: Sequence[TrialRecord]  # the results store's records
+    stored: Container[RecordKey]  # the store's keys
+    ended: Mapping[str, Job] = field(default_factory=dict)  # Job name -> its Pod whose end decides it
+    pods: Mapping[str, list[Job]] = field(default_factory=dict)  # Job name -> Pods, for `pods_needed`
+
+
+@dataclass(frozen=True)
+class Suggested:
+    target: str
+    seconds: float  # the whole suggestion, in the worker
+    fit_seconds: float | None  # of it, fitting the models (None: the strategy fitted none)
+
+
+@dataclass
+class Plan:
+    """What the shell does with one step, in this order: store the records; delete
+    `delete_now`; create `create`; delete `delete_after` (Jobs whose records are stored)."""
+
+    records: list[TrialRecord] = field(default_factory=list)
+    timings: dict[tuple[str, int], TrialTimings] = field(default_factory=dict)
+    delete_now: list[str] = field(default_factory=list)
+    create: list[Job] = field(default_factory=list)
+    delete_after: list[str] = field(default_factory=list)
+    suggested: list[Suggested] = field(default_factory=list)
+    report: Report | None = None
+    # Recorded Jobs the Job controller has not marked done yet: deleted on a later step.
+    settling: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.report is not None and self.report.finished and not self.settling
+
+
+def pods_needed(jobs: Sequence[Job], ended: Mapping[str, Job], stored: Container[RecordKey]) -> list[Job]:
+    """The finished Jobs whose Pods must be read to record them (no decisive Pod seen)."""
+    out = []
+    for job in jobs:
+        if job_finished(job) and job["metadata"]["name"] not in ended:
+            target, index = job_labels(job)
+            if (round_of(job), target, index) not in stored:
+                out.append(job)
+    return out
+
+
+def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[Job]]:
+    """Into `plan`: the records of the finished Jobs, and of Jobs whose Pod's end already
+    decides them (settling: neither running nor deletable until the Job controller is done
+    with them), and which Jobs to delete; returns the running Jobs per pool (`rounds`: the
+    current round of each pool)."""
+    running: dict[str, list[Job]] = {}
+    for job in obs.jobs:
+        name = job["metadata"]["name"]
+        target, index = job_labels(job)
+        ended = obs.ended.get(name)
+        if not job_finished(job) and ended is None:
+            if rounds.get(target) != round_of(job):
+                # A trial of a removed pool, or of an older round (older driver or space),
+                # would only measure the past.
+                plan.delete_now.append(name)
+            else:
+                running.setdefault(target, []).append(job)
+            continue
+        # Finished, or its Pod's end already decides it: no need to wait for the Job
+        # controller to record it and start the next trial. Deleting it can wait: a Job
+        # deleted before the Job controller is done with it leaves its Pod to the slower
+        # orphan path (the tracking finalizer), and the Pod lingers.
+        if (round_of(job), target, index) not in obs.stored:
+            pods = [ended] if ended is not None else obs.pods.get(name)
+            if pods is None:
+                continue  # its Pods were not read: recorded (and deleted) on a later step
+            trial = trial_of(job)
+            several = size_of_key(target) is not None  # one of several problem sizes
+            plan.records.append(record_from_job(job, pods, trial.config, round_of(job),
+                                                trial.problem_size if several else None))
+            plan.timings[(target, index)] = trial_timings(job, pods)
+        if ended is None:
+            plan.delete_after.append(name)
+        else:
+            plan.settling = True
+    return running

@@ -1,0 +1,400 @@
+"""The decisions of one TuningRun's tuning loop (pure: no API calls, no clocks of its own).
+
+The I/O shell (`fleettune.controller.tuner`) reads the cluster and hands the planner what
+it saw; the planner returns a `Plan` — records to store, Jobs to create and delete, events,
+metric samples and the run's report — and the shell applies it. What the planner knows
+between steps (each pool's round, phase and Study) it rebuilds from the stored records and
+the last status after a restart, so the loop can resume from any point.
+
+Reading is guided by the planner too (`wants_source`, `wants_nodes`, `pods_needed`), so
+the shell reads only what a decision needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy
+from fleettune.api import TuningRunSpec, TuningRunStatus
+from fleettune.controller.fleet import FleetView, compute_capability, product_of
+from fleettune.controller.lifecycle import PoolPhase
+from fleettune.controller.plan import Job, Observed, Plan, Suggested, collect, job_labels, trial_of
+from fleettune.controller.pool import Pool, build_search, make_study
+from fleettune.controller.reporting import Event, Report, Reporter
+from fleettune.controller.source import KernelSource
+from fleettune.controller.spec import SpecError, check_options, parse_spec, retune_key, space_hash
+from fleettune.fingerprint import GpuFingerprint, describe_change, eligibility_affinity, is_stale, pinning_selector
+from fleettune.jobs import render_job
+from fleettune.kernelcheck import KernelSpecError, check_kernel, compile_check
+from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
+from fleettune.names import bounded
+from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
+from fleettune.results import TrialRecord
+from fleettune.sizes import pool_key
+
+NODE_RECHECK_S = 30.0
+
+
+
+def _epoch(iso: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+    except ValueError:
+        return None
+
+
+class Planner:
+    """One run's tuning decisions and the state they need between steps."""
+
+    def __init__(self, name: str, namespace: str, uid: str,
+                 log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        self.name, self.namespace, self.uid, self.log = name, namespace, uid, log
+        self.pools: dict[str, Pool] = {}
+        self.spec: TuningRunSpec | None = None
+        self.spec_generation: int | bool | None = False  # False: never configured
+        self.spec_error: str | None = None
+        self.spec_reason = "InvalidSpec"
+        self.space_hash: str | None = None
+        self.retune_token: str | None = None
+        self.fleet = FleetView()
+        self.source = KernelSource()
+        self.restored: dict[str, Any] = {}
+        self.started = False  # past the run's first step (or restarted with a status)
+        self.forgotten: list[str] = []  # pools removed from the spec, for the metrics to drop
+        self.reporter = Reporter(log)
+
+    @property
+    def events(self) -> list[Event]:
+        return self.reporter.events
+
+    def status_fields(self) -> dict[str, Any]:
+        """What the planner keeps in the status to resume from after a restart."""
+        return {"space_hash": self.space_hash, "source_digest": self.source.digest,
+                "last_handled_retune_at": self.retune_token}
+
+    # ------------------------------------------------------------------ state from a restart
+
+    def restore(self, previous: TuningRunStatus | None) -> None:
+        """Round, fingerprint and phase of each pool, and what was announced, from the last status."""
+        if previous is not None:
+            self.space_hash = previous.space_hash
+            self.source.digest = previous.source_digest
+            self.retune_token = previous.last_handled_retune_at
+            self.reporter.restore(previous)
+            self.started = True
+        self.restored = {t.name: t for t in (previous.targets if previous else [])}
+
+    def _restore_pool(self, pool: Pool, records: Sequence[TrialRecord]) -> None:
+        old = self.restored.get(pool.key)
+        rounds = [r.round for r in pool.records(records, all_rounds=True)]
+        pool.round = max([old.round if old else 1, *rounds])
+        if old is not None:
+            if old.tuned_for is not None:
+                pool.tuned_for = GpuFingerprint.from_status(old.tuned_for)
+            pool.stale = old.stale
+            if old.phase in (PoolPhase.SUCCEEDED, PoolPhase.FAILED):
+                pool.phase, pool.message = PoolPhase(old.phase), old.message
+            pool.round_started = _epoch(old.round_started_at)
+
+    # ------------------------------------------------------------------ the spec
+
+    def configure(self, generation: int | None, raw: Mapping[str, Any], records: Sequence[TrialRecord]) -> None:
+        """(Re)read the spec when its generation changed: budgets and parallelism apply at
+        once; a new search space starts new rounds."""
+        if self.spec_generation is not False and self.spec_generation == generation:
+            return
+        self.spec_generation = generation
+        self.source.reset()
+        try:
+            spec = parse_spec(raw)
+            check_kernel(spec)
+            check_node_selectors(spec)
+            check_trial_policy(spec, TrialPolicy.from_env())
+        except (SpecError, KernelSpecError) as exc:
+            self.spec, self.spec_error, self.spec_reason = None, str(exc), "InvalidSpec"
+            return
+        except AdmissionError as exc:
+            self.spec, self.spec_error, self.spec_reason = None, str(exc), exc.reason
+            return
+        self.spec, self.spec_error = spec, None
+        new_hash = space_hash(spec)
+        space_changed = self.space_hash is not None and new_hash != self.space_hash
+        self.space_hash = new_hash
+        sizes = spec.kernel.sizes()
+        self.fleet.views.clear()  # node selectors may have changed
+        wanted: list[str] = []
+        for i, target in enumerate(spec.targets):
+            keys = [pool_key(target.name, size, len(sizes) > 1) for size in sizes]
+            for j, (key, size) in enumerate(zip(keys, sizes, strict=True)):
+                wanted.append(key)
+                pool = self.pools.get(key)
+                if pool is None:
+                    pool = self.pools[key] = Pool(
+                        spec=target, seed=spec.strategy.seed + 7919 * i + 613 * j, key=key,
+                        problem_size=size, after=tuple(keys[:j]),
+                    )
+                    self._restore_pool(pool, records)
+                else:
+                    pool.spec = target
+                    if pool.phase == PoolPhase.SUCCEEDED:
+                        pool.move(PoolPhase.RUNNING, pool.message)  # a larger budget re-opens a finished pool
+                if space_changed:
+                    self._new_round(pool, "the search space changed", time.time())
+                elif pool.phase != PoolPhase.FAILED:
+                    pool.study = None  # rebuilt for the (possibly new) device limits and strategy
+        self.forgotten += sorted(set(self.pools) - set(wanted))
+        self.pools = {key: self.pools[key] for key in wanted}  # spec order, which the status follows
+
+    def _new_round(self, pool: Pool, reason: str, wall: float) -> None:
+        pool.round += 1
+        pool.round_started = wall
+        pool.tuned_for = pool.current.fingerprint if pool.current is not None else None
+        pool.stale, pool.study, pool.prior_dropped = None, None, False
+        pool.move(PoolPhase.RUNNING, f"round {pool.round}: {reason}")
+        self.log.info("%s: %s", pool.key, pool.message)
+        self.events.append(("Normal", "Retune", f"{pool.key}: {pool.message}"))
+
+    def retune(self, annotations: Mapping[str, str], wall: float) -> None:
+        """A new re-tune token starts a new round on every schedulable pool (a token a run
+        carries from its first step is only noted: there is nothing to re-tune yet)."""
+        token = annotations.get(RETUNE_ANNOTATION)
+        if token and retune_key(token) != self.retune_token:
+            if self.retune_token is not None or self.started or self.restored:
+                for pool in self.pools.values():
+                    if pool.phase != PoolPhase.UNSCHEDULABLE:
+                        self._new_round(pool, f"re-tune requested ({bounded(token, 64)})", wall)
+            self.retune_token = retune_key(token)
+        self.started = True
+
+    # ------------------------------------------------------------------ a user kernel's source
+
+    def wants_source(self, mono: float) -> bool:
+        assert self.spec is not None
+        return self.spec.kernel.source is not None and self.source.due(mono)
+
+    def source_changed(self) -> None:
+        self.source.changed()
+
+    def accept_source(self, data: Mapping[str, str] | None, mono: float, wall: float) -> None:
+        """The source's ConfigMap data as just read (None: no such ConfigMap). An edited
+        source is another kernel: every pool starts a new round."""
+        assert self.spec is not None
+        try:
+            edited = self.source.read(self.spec, data, mono)
+        except KernelSpecError as exc:
+            self.spec_error = str(exc)
+            return
+        if edited:
+            for pool in self.pools.values():
+                if self.source.failed is None:
+                    self._new_round(pool, "the kernel source changed", wall)
+                else:  # the fix of a source that did not compile: this round never started
+                    pool.move(PoolPhase.PENDING)
+                    pool.study = None
+            self.source.failed = None
+        if self.source.failed is None:  # else the compiler's message stays until the source changes
+            self.spec_error = None
+
+    def blocked(self) -> Report | None:
+        """The report of a run that cannot tune now (invalid spec, missing or failed source)."""
+        if self.spec is None:
+            return Report("Failed", [], self.spec_reason, self.spec_error or "invalid spec", finished=True)
+        if self.spec.kernel.source is None:
+            return None
+        if self.source.text is None:
+            # The ConfigMap may be applied after the run (GitOps order): wait for it.
+            return Report("Pending", [], "SourceNotFound", self.spec_error or "waiting for the kernel source")
+        if self.source.broken:
+            # It did not compile: wait (polling) for the user to fix it.
+            return Report("Failed", [], "InvalidSpec", self.spec_error or "invalid kernel source")
+        return None
+
+    # ------------------------------------------------------------------ nodes
+
+    def wants_nodes(self, epoch: int, mono: float) -> bool:
+        return self.fleet.wants(epoch, mono)
+
+    def accept_nodes(self, nodes: Sequence[Job], epoch: int, mono: float) -> None:
+        self.fleet.accept(nodes, epoch, mono)
+
+    def _track_fleet(self, pool: Pool, obs: Observed) -> bool:
+        """Update the pool's view of its nodes; False when it has none to run on."""
+        assert self.spec is not None
+        nodes, pool.current = self.fleet.of(pool.spec)
+        if nodes is not None and pool.current is None:
+            if not pool.done:
+                why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
+                selector = bounded(pool.spec.node_selector, 300)
+                pool.move(PoolPhase.UNSCHEDULABLE, f"{why} spec.targets[{pool.spec.name}].nodeSelector {selector}")
+                pool.next_check = obs.mono + NODE_RECHECK_S
+            return False
+        if pool.phase == PoolPhase.UNSCHEDULABLE:
+            pool.move(PoolPhase.RUNNING)
+        current = pool.current.fingerprint if pool.current else None
+        if pool.tuned_for is None and current is not None:
+            pool.tuned_for = current
+        if pool.current is not None and not pool.current.mixed and is_stale(pool.tuned_for, current):
+            change = describe_change(pool.tuned_for, current)
+            if self.spec.retune_policy == "OnDriverChange":
+                self._new_round(pool, f"GPU fingerprint changed: {change}", obs.wall)
+            elif pool.stale != change:
+                pool.stale = change
+                self.log.warning("%s is stale: %s (retunePolicy Manual)", pool.key, change)
+        return True
+
+    # ------------------------------------------------------------------ one step
+
+    def plan(self, obs: Observed) -> Plan:
+        """Decide one step (in a worker thread: it builds searches and fits models)."""
+        plan = Plan()
+        blocked = self.blocked()
+        if blocked is not None:
+            plan.report = blocked
+            return plan
+        assert self.spec is not None
+        failed = self._set_up_pools(obs)
+        if failed is not None:
+            plan.report = failed
+            return plan
+        running = collect(obs, plan, {key: pool.round for key, pool in self.pools.items()})
+        records = [*obs.records, *plan.records]
+        self._feed_studies(records)
+        for pool in self.pools.values():
+            if pool.study is not None and not pool.done:
+                self._advance(pool, running.setdefault(pool.key, []), records, obs, plan)
+        plan.report = self.reporter.report(self.spec, self.pools, running, records, obs.mono)
+        return plan
+
+    def _set_up_pools(self, obs: Observed) -> Report | None:
+        assert self.spec is not None
+        for pool in self.pools.values():
+            if not self._track_fleet(pool, obs) or pool.phase == PoolPhase.FAILED:
+                continue
+            if pool.study is None and (waiting := self._earlier_sizes_running(pool)):
+                pool.move(PoolPhase.PENDING, f"waiting for {waiting} to finish (warm start)")
+                continue
+            if pool.study is None and obs.mono >= pool.next_check:
+                try:
+                    self._setup_pool(pool, obs)
+                except SpecError as exc:
+                    self.spec_error = str(exc)
+                    # A kernel source that failed to compile: keep polling for its fix.
+                    return Report("Failed", [], "InvalidSpec", str(exc), finished=self.source.failed is None)
+                except Exception as exc:  # never retry a broken pool forever: fail it, say why
+                    self.log.exception("%s: cannot build its search", pool.key)
+                    pool.move(PoolPhase.FAILED, f"cannot build the search space: {exc}"[:500])
+        return None
+
+    def _earlier_sizes_running(self, pool: Pool) -> str | None:
+        """The first of the target's earlier sizes that has not finished, if any."""
+        for key in pool.after:
+            earlier = self.pools.get(key)
+            if earlier is not None and not earlier.done:
+                return key
+        return None
+
+    def _setup_pool(self, pool: Pool, obs: Observed) -> None:
+        """Search space for the pool's device and a Study warm-started from older rounds."""
+        assert self.spec is not None
+        check_options(self.spec)
+        where = f"spec.targets[{[t.name for t in self.spec.targets].index(pool.spec.name)}]"
+        build_search(self.spec, pool, product_of(pool, self.fleet.of(pool.spec)[0]), where)
+        if self.source.text is not None:
+            problem = compile_check(self.spec, self.source.text, compute_capability(pool), pool.problem_size)
+            if problem is not None:
+                self.source.failed = self.source.digest
+                raise SpecError(f"{problem} (target {pool.key})")
+        make_study(self.spec, pool, obs.records)
+        if pool.round_started is None:
+            # A later size's round began with the target's first size: one deadline for all.
+            earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
+            pool.round_started = min(earlier, default=None) or obs.wall
+        if pool.phase in (PoolPhase.PENDING, PoolPhase.UNSCHEDULABLE):
+            pool.move(PoolPhase.RUNNING)
+
+    def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
+        for pool in self.pools.values():
+            if pool.study is None:
+                continue
+            new = [r for r in pool.records(records) if r.index not in pool.observed and r.is_observation]
+            for rec in sorted(new, key=lambda r: r.index):
+                pool.observed.add(rec.index)
+                pool.study.observe(rec.config, rec.outcome, rec.objective, rec.times)
+
+    def _stop(self, pool: Pool, running: list[Job], plan: Plan, phase: PoolPhase, message: str) -> None:
+        plan.delete_now += [j["metadata"]["name"] for j in running]
+        running.clear()
+        pool.move(phase, message)
+
+    def _ends(self, pool: Pool, running: list[Job], plan: Plan, verdict: Verdict | None) -> bool:
+        """Apply a stopping verdict (`optimize.stopping.pool_verdict`); True when the pool
+        starts no new trial."""
+        if verdict is None:
+            return False
+        if verdict.stop_running:
+            assert verdict.phase is not None
+            self._stop(pool, running, plan, PoolPhase(verdict.phase), verdict.message)
+        elif verdict.phase is not None:
+            pool.move(PoolPhase(verdict.phase), verdict.message)
+        return True
+
+    def _advance(self, pool: Pool, running: list[Job], records: Sequence[TrialRecord], obs: Observed,
+                 plan: Plan) -> None:
+        assert self.spec is not None and pool.study is not None and pool.space is not None
+        budget = self.spec.budget
+        mine = pool.records(records)
+        observations = sum(r.is_observation for r in mine)
+        infra = [r for r in mine if not r.is_observation]
+        rules = Budget(budget.trials_per_target, budget.max_infra_failures, budget.deadline_seconds)
+        progress = Progress(
+            observations=observations, infra_failures=len(infra), elapsed_s=obs.wall - (pool.round_started or obs.wall),
+            running=len(running), last_infra_error=next((r.error for r in reversed(infra) if r.error), ""),
+            study_reason=pool.study.should_stop(patience=budget.patience) if budget.patience is not None else None,
+        )
+        if self._ends(pool, running, plan, pool_verdict(rules, progress)):
+            return
+        want = min(budget.parallelism - len(running), budget.trials_per_target - observations - len(running))
+        if want <= 0:
+            return
+        pending = [trial_of(j).config for j in running]
+        configs: list[dict[str, Any]] = []
+        keys = {r.key for r in mine if r.is_observation} | {pool.space.key(c) for c in pending}
+        if pool.default_config is not None and pool.default_key not in keys:
+            configs.append(pool.default_config)  # measured first in every round: the speed-up's baseline
+        if want > len(configs):
+            started = time.perf_counter()
+            try:
+                suggested = pool.study.suggest(want - len(configs), pending + configs)
+            except Exception as exc:  # a strategy that cannot suggest would fail the same way forever
+                self.log.exception("%s: the strategy failed", pool.key)
+                self._stop(pool, running, plan, PoolPhase.FAILED, f"spec.strategy: the strategy failed: {exc}"[:500])
+                return
+            plan.suggested.append(Suggested(pool.key, time.perf_counter() - started, pool.study.last_fit_seconds))
+            configs += suggested
+            if not pool.prior_dropped and (after := pool.study.prior_dropped_after) is not None:
+                pool.prior_dropped = True
+                note = (f"earlier results dropped after {after} "
+                        "trials without improvement: tuning from this round's own")
+                pool.message = f"{pool.message}; {note}" if pool.message else note
+                self.log.info("%s: %s", pool.key, note)
+        if not configs:
+            self._ends(pool, running, plan, pool_verdict(rules, replace(progress, exhausted=True)))
+            return
+        used = [r.index for r in pool.records(records, all_rounds=True)] + [job_labels(j)[1] for j in running]
+        index = max(used, default=-1) + 1
+        pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
+        avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
+        for i, config in enumerate(configs):
+            body = render_job(
+                run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
+                index=index + i, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
+                key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest,
+            )
+            body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
+            plan.create.append(body)
+            running.append(body)

@@ -1,0 +1,114 @@
+"""Publishing a run's best configurations into its ConfigMap (I/O; the decisions are
+`fleettune.publish`'s).
+
+Only when the best improves, and only into a ConfigMap this run created or publishes
+into (`publish.not_ours`): any other is left untouched and the refusal shown in the
+`Published` condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from fleettune.api import PublishSpec
+from fleettune.controller.kube import Kube
+from fleettune.controller.pool import Pool
+from fleettune.fingerprint import GpuFingerprint
+from fleettune.names import bounded
+from fleettune.publish import PublishedEntry, not_ours, publish_plan, published_configmap
+from fleettune.results import TrialRecord
+from fleettune.status import PUBLISH_REFUSED, ranked
+
+PUBLISH_RECHECK_S = 60.0
+
+
+def entries(pools: Iterable[Pool], records: Sequence[TrialRecord]) -> list[PublishedEntry]:
+    """The best configuration of each pool that has one."""
+    out = []
+    for pool in pools:
+        best = ranked(pool.records(records))
+        if best and best[0].objective is not None:  # ranked results are valid: they have one
+            out.append(PublishedEntry(
+                pool=pool.spec.name, problem_size=pool.problem_size, config=best[0].config,
+                time_ms=best[0].objective, fingerprint=pool.tuned_for or GpuFingerprint(),
+                trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at,
+            ))
+    return out
+
+
+class Publisher:
+    def __init__(self, kube: Kube, namespace: str, run: str, uid: str,
+                 log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        self.kube, self.namespace, self.run, self.uid, self.log = kube, namespace, run, uid, log
+        # The ConfigMap as last read or written: its data and resourceVersion (None: there is
+        # none), when it was read, and why it may not be written (None: it may).
+        self.data: dict[str, str] | None = None
+        self.resource_version: str | None = None
+        self.read_at: tuple[str, float] | None = None
+        self.problem: str | None = None
+        self.error: str | None = None  # the last attempt failed (retried)
+        self.target: PublishSpec | None = None
+
+    def condition(self) -> tuple[bool, str, str] | None:
+        """The `Published` condition: None when the run does not publish."""
+        if self.target is None:
+            return None
+        if self.problem is not None:
+            return False, PUBLISH_REFUSED, self.problem
+        if self.error is not None:
+            return False, "PublishFailed", self.error
+        if self.resource_version is None:
+            return False, "NothingYet", "no result to publish yet"
+        return True, "Published", ""
+
+    async def _read(self, name: str) -> None:
+        cm = await asyncio.to_thread(self.kube.get_config_map, self.namespace, name)
+        self.read_at = (name, time.monotonic())
+        self.problem = not_ours(cm["metadata"], self.run) if cm is not None else None
+        if cm is None or self.problem is not None:
+            self.data, self.resource_version = None, None
+        else:
+            self.data, self.resource_version = cm.get("data") or {}, cm["metadata"]["resourceVersion"]
+
+    async def publish(self, target: PublishSpec | None, pools: set[str], best: list[PublishedEntry]) -> None:
+        self.target = target
+        if target is None:
+            self.problem = None
+            return
+        name = target.config_map_name
+        last = self.read_at
+        try:
+            # Read again now and then: the ConfigMap may have been deleted, or a refused name freed.
+            if last is None or last[0] != name or time.monotonic() - last[1] > PUBLISH_RECHECK_S:
+                await self._read(name)
+            if self.problem is not None:
+                return
+            data = publish_plan(self.run, self.data, best, pools=pools)
+            if data is None:
+                self.error = None
+                return
+            body = published_configmap(
+                self.run, self.namespace, None if target.retain_on_delete else self.uid, [],
+                name=name, run_uid=self.uid,
+            )
+            body["data"] = data
+            # Only over the version read: a ConfigMap created or changed since is read (and
+            # judged) again on the next step instead of being overwritten.
+            rv = await asyncio.to_thread(self.kube.write_config_map, self.namespace, body, self.resource_version)
+        except ApiException as exc:
+            self.read_at = None
+            if exc.status not in (404, 409):
+                self.error = f"writing ConfigMap {name}: {exc.status} {bounded(exc.reason, 200)}"
+                self.log.warning("publishing to ConfigMap %s failed: %s", name, bounded(exc, 300))
+            return
+        except ValueError as exc:  # more than a ConfigMap holds
+            self.error = f"spec.publish.configMapName: {bounded(exc, 300)}"
+            return
+        self.data, self.resource_version, self.error = data, rv, None
+        self.log.info("published the best configurations to ConfigMap %s", name)

@@ -1,0 +1,165 @@
+"""What a run says about itself: its report, status, events and predictions (pure).
+
+The planner decides the pools' phases; this turns them into the run's phase, the status
+written to the API server (bounded to fit beside the spec in etcd), the Kubernetes Events
+that announce each transition once, and the recommendations for `spec.predictFor`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fleettune.api import TargetStatus, TuningRunSpec, TuningRunStatus
+from fleettune.controller.lifecycle import PoolPhase
+from fleettune.controller.pool import Pool
+from fleettune.results import TrialRecord
+from fleettune.status import TOP_K, fit_status, run_status, status_budget, target_status
+
+Event = tuple[str, str, str]  # (type, reason, message)
+
+PREDICT_EVERY_S = 30.0
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Report:
+    """The run's phase and its targets' statuses for one step."""
+
+    phase: str
+    targets: list[TargetStatus]
+    reason: str
+    message: str
+    finished: bool = False  # nothing left to do for this generation
+
+
+class Reporter:
+    def __init__(self, log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        self.log = log
+        # Events to post with the next status write. Phases last announced, per target and
+        # for the run ("" key), so a transition is said once.
+        self.events: list[Event] = []
+        self.announced: dict[str, str] = {}
+        self.predictions: list[dict[str, Any]] = []
+        self.predicted_for: tuple[Any, float] | None = None
+        self.budget: tuple[Any, int] | None = None
+
+    def restore(self, previous: TuningRunStatus) -> None:
+        # After a restart, what the status already says was announced before.
+        ready = next((c.reason for c in previous.conditions if c.type == "Ready"), "")
+        self.announced = {t.name: t.phase for t in previous.targets} | {"": f"{previous.phase}/{ready}"}
+
+    def report(self, spec: TuningRunSpec, pools: Mapping[str, Pool], running: Mapping[str, list[Any]],
+               records: Sequence[TrialRecord], mono: float) -> Report:
+        targets = []
+        # Many (pool, size) entries share the status: fewer top configurations each.
+        top_k = TOP_K if len(pools) <= 8 else 2 if len(pools) <= 16 else 1
+        for pool in pools.values():
+            status = target_status(
+                name=pool.key, phase=pool.phase.value, budget=spec.budget.trials_per_target,
+                records=pool.records(records), running=len(running.get(pool.key, [])),
+                device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
+                message=pool.message, tuning_round=pool.round, stale=pool.stale,
+                tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,
+            )
+            update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
+            if pool.key != pool.spec.name:
+                update["target"] = pool.spec.name
+            if pool.round_started:
+                update["round_started_at"] = _iso(pool.round_started)
+            targets.append(status.model_copy(update=update))
+        for t in targets:
+            if self.announced.get(t.name, PoolPhase.PENDING.value) != t.phase:
+                self.announced[t.name] = t.phase
+                kind = "Warning" if t.phase in (PoolPhase.FAILED.value, PoolPhase.UNSCHEDULABLE.value) else "Normal"
+                self.events.append((kind, f"Target{t.phase}", f"{t.name}: {t.message or t.phase}"))
+        self._predict(spec, pools, records, mono)
+        if all(p.done for p in pools.values()):
+            failed = all(p.phase == PoolPhase.FAILED for p in pools.values())
+            phase, reason = ("Failed", "AllTargetsFailed") if failed else ("Succeeded", "Tuned")
+            message = "; ".join(f"{t.name}: {t.message}" for t in targets if t.message)
+            return Report(phase, targets, reason, message, finished=True)
+        stuck = [t for t in targets if t.phase == PoolPhase.UNSCHEDULABLE.value]
+        message = "; ".join(t.message for t in stuck) or f"{sum(t.running for t in targets)} trials running"
+        return Report("Running", targets, "Tuning", message)
+
+    def status(self, report: Report, *, previous: TuningRunStatus | None, body: Mapping[str, Any],
+               results: dict[str, Any], published: tuple[bool, str, str] | None,
+               published_name: str | None, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """The status to write (camelCase), shrunk to fit beside the spec; notes the run's
+        own phase change as an event. `extra`: the planner's own status fields."""
+        generation = body["metadata"].get("generation")
+        extra = {
+            **extra,
+            "published": published_name if published == (True, "Published", "") else None,
+            "predictions": self.predictions,
+        }
+        status = run_status(
+            previous=previous, generation=generation, phase=report.phase, targets=report.targets,
+            results=results, reason=report.reason, message=report.message, extra=extra, published=published,
+        ).model_dump(by_alias=True, exclude_none=True, mode="json")
+        # Whatever the spec holds, the status must fit beside it in etcd: a status that
+        # cannot be written shows nothing, not even why.
+        if self.budget is None or self.budget[0] != generation:
+            self.budget = (generation, status_budget(dict(body)))
+        if self.announced.get("") != f"{report.phase}/{report.reason}":
+            self.announced[""] = f"{report.phase}/{report.reason}"
+            bad = report.phase == "Failed" or report.reason in ("InvalidSpec", "SourceNotFound")
+            self.events.append(("Warning" if bad else "Normal", report.reason, report.message))
+        return fit_status(status, self.budget[1])
+
+    def take_events(self) -> list[Event]:
+        events, self.events = self.events, []
+        return events
+
+    # ------------------------------------------------------------------ predictions
+
+    def _predict(self, spec: TuningRunSpec, pools: Mapping[str, Pool], records: Sequence[TrialRecord],
+                 mono: float) -> None:
+        """Recommendations for spec.predictFor from the tuned sizes, refreshed when results
+        land (at most every PREDICT_EVERY_S while tuning, since each fits a GP)."""
+        if not spec.predict_for:
+            self.predictions = []
+            return
+        sizes = [tuple(s) for s in spec.predict_for]
+        basis = tuple((p.key, p.round, len(p.records(records))) for p in pools.values())
+        done = all(p.done for p in pools.values())
+        last = self.predicted_for
+        if last is not None and (last[0] == (basis, sizes) or (not done and mono - last[1] < PREDICT_EVERY_S)):
+            return
+        self.predicted_for = ((basis, sizes), mono)
+        self.predictions = self._predictions(spec.strategy.seed, pools, sizes, records)
+
+    def _predictions(self, seed: int, pools_: Mapping[str, Pool], sizes: list[tuple[int, ...]],
+                     records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+        from fleettune.prediction import observations, recommend
+
+        out: list[dict[str, Any]] = []
+        by_target: dict[str, list[Pool]] = {}
+        for pool in pools_.values():
+            by_target.setdefault(pool.spec.name, []).append(pool)
+        for target, pools in by_target.items():
+            space = next((p.space for p in pools if p.space is not None), None)
+            observed = {p.problem_size: observations(p.records(records)) for p in pools}
+            for size in sizes:
+                entry: dict[str, Any] = {"target": target, "problemSize": list(size)}
+                if space is None or not any(v for recs in observed.values() for _, v in recs):
+                    entry["basis"] = "no valid result yet"
+                else:
+                    try:
+                        rec = recommend(space, observed, size, seed=seed)
+                        entry.update(rec.as_dict())
+                        entry["basis"] = entry["basis"][:200]
+                    except ValueError as exc:  # e.g. a size with the wrong number of dimensions
+                        entry["basis"] = f"spec.predictFor: {exc}"[:200]
+                    except Exception as exc:  # a prediction must never stop the tuning
+                        self.log.exception("%s: prediction for %s failed", target, size)
+                        entry["basis"] = f"prediction failed: {exc}"[:200]
+                out.append(entry)
+        return out

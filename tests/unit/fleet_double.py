@@ -1,0 +1,161 @@
+"""An in-memory stand-in for the cluster, to drive the planner through whole runs.
+
+It plays the part of the I/O shell (`fleettune.controller.tuner.RunLoop`) and of the
+Job controller: it keeps the Jobs the planner creates, finishes them with the result a
+`measure` function gives (as a trial Pod's termination message, exactly what the job
+image writes), stores records, and holds the nodes. Only the planner's decisions are
+real; the shell itself is proven on the real control plane by the integration tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleettune.api import TuningRunStatus
+from fleettune.controller.plan import Observed, Plan, RecordKey, pods_needed, trial_of
+from fleettune.controller.planner import Planner
+from fleettune.controller.reporting import Report
+from fleettune.labels import TARGET_LABEL
+from fleettune.results import TrialRecord
+from fleettune_job.protocol import CONTAINER_NAME, Outcome, TrialResult
+
+Measure = Callable[[dict[str, Any]], TrialResult]
+A100 = {
+    "nvidia.com/gpu.product": "NVIDIA-A100-PCIE-40GB", "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "0", "nvidia.com/cuda.driver-version.full": "550.54.15",
+    "nvidia.com/cuda.runtime-version.full": "12.4",
+}
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.records: list[TrialRecord] = []
+        self.keys: set[RecordKey] = set()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys
+
+    def append(self, records: list[TrialRecord]) -> list[TrialRecord]:
+        fresh = [r for r in records if (r.round, r.target, r.index) not in self.keys]
+        self.records += fresh
+        self.keys |= {(r.round, r.target, r.index) for r in fresh}
+        return fresh
+
+
+@dataclass
+class FakeFleet:
+    spec: dict[str, Any]
+    measure: Measure
+    nodes: dict[str, dict[str, str]] = field(default_factory=lambda: {"gpu-0": dict(A100), "gpu-1": dict(A100)})
+    wall: float = 1_000_000.0
+    mono: float = 100.0
+    generation: int = 1
+    annotations: dict[str, str] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    store: MemoryStore = field(default_factory=MemoryStore)
+    created: list[str] = field(default_factory=list)  # every Job name ever created, in order
+    deleted: list[str] = field(default_factory=list)
+    node_epoch: int = 0
+    status: dict[str, Any] | None = None
+    planner: Planner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.planner = self.new_planner()
+
+    def new_planner(self) -> Planner:
+        """A planner as after an operator restart: it knows only the status and the store."""
+        planner = Planner("conv", "ns", "uid-1", logging.getLogger("planner-test"))
+        planner.restore(TuningRunStatus.model_validate(self.status) if self.status else None)
+        return planner
+
+    # ------------------------------------------------------------------ the world changes
+
+    def edit(self, **spec: Any) -> None:
+        self.spec = {**self.spec, **spec}
+        self.generation += 1
+
+    def set_nodes(self, nodes: dict[str, dict[str, str]]) -> None:
+        self.nodes = nodes
+        self.node_epoch += 1
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def running(self) -> list[dict[str, Any]]:
+        return [j for j in self.jobs.values() if not j.get("status")]
+
+    def finish(self, n: int | None = None) -> None:
+        """The Job controller marks the first `n` running Jobs (all: None) done with their results."""
+        for job in self.running()[:n]:
+            result = self.measure(trial_of(job).config)
+            ok = result.outcome == Outcome.OK
+            job["status"] = {"conditions": [{"type": "Complete" if ok else "Failed", "status": "True"}]}
+            pod = {"metadata": {"name": f"{job['metadata']['name']}-pod"},
+                   "status": {"phase": "Succeeded" if ok else "Failed", "containerStatuses": [{
+                       "name": CONTAINER_NAME, "state": {"terminated": {
+                           "exitCode": result.exit_code, "message": result.encode()}}}]}}
+            job["pods"] = [pod]
+
+    # ------------------------------------------------------------------ one step of the shell
+
+    def step(self) -> Plan:
+        planner = self.planner
+        planner.configure(self.generation, copy.deepcopy(self.spec), self.store.records)
+        if (blocked := planner.blocked()) is not None:
+            return self._report(Plan(report=blocked))
+        planner.retune(self.annotations, self.wall)
+        if planner.wants_nodes(self.node_epoch, self.mono):
+            nodes = [{"metadata": {"name": n, "labels": labels}, "spec": {}} for n, labels in self.nodes.items()]
+            planner.accept_nodes(nodes, self.node_epoch, self.mono)
+        jobs = [copy.deepcopy({k: v for k, v in j.items() if k != "pods"}) for j in self.jobs.values()]
+        needed = pods_needed(jobs, {}, self.store)
+        pods = {j["metadata"]["name"]: self.jobs[j["metadata"]["name"]]["pods"] for j in needed}
+        plan = planner.plan(Observed(wall=self.wall, mono=self.mono, jobs=jobs, records=self.store.records,
+                                     stored=self.store, pods=pods))
+        self.store.append(plan.records)
+        for name in plan.delete_now + plan.delete_after:
+            self.deleted.append(name)
+            self.jobs.pop(name, None)
+        for body in plan.create:
+            name = body["metadata"]["name"]
+            assert name not in self.jobs, f"{name} created twice"
+            self.jobs[name] = copy.deepcopy(body)
+            self.created.append(name)
+        return self._report(plan)
+
+    def _report(self, plan: Plan) -> Plan:
+        assert plan.report is not None
+        body = {"metadata": {"name": "conv", "namespace": "ns", "generation": self.generation},
+                "spec": self.spec}
+        previous = TuningRunStatus.model_validate(self.status) if self.status else None
+        results = {"configMapPrefix": "conv-results", "shards": 0, "records": len(self.store.records)}
+        self.status = self.planner.reporter.status(plan.report, previous=previous, body=body, results=results,
+                                                   published=None, published_name=None,
+                                                   extra=self.planner.status_fields())
+        return plan
+
+    def run(self, steps: int = 200, per_step: float = 10.0) -> Report:
+        """Step, finishing every running Job after each step, until the run is finished."""
+        for _ in range(steps):
+            plan = self.step()
+            if plan.finished:
+                assert plan.report is not None
+                return plan.report
+            self.finish()
+            self.advance(per_step)
+        raise AssertionError(f"not finished after {steps} steps: {self.status}")
+
+    def target(self, name: str = "a100") -> dict[str, Any]:
+        assert self.status is not None
+        return next(t for t in self.status["targets"] if t["name"] == name)
+
+    def records_of(self, target: str = "a100") -> list[TrialRecord]:
+        return [r for r in self.store.records if r.target == target]
+
+    def jobs_of(self, target: str = "a100") -> list[dict[str, Any]]:
+        return [j for j in self.jobs.values() if j["metadata"]["labels"][TARGET_LABEL] == target]
