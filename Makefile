@@ -11,11 +11,13 @@ TORCH_INDEX ?= $(FLEETTUNE_TORCH_INDEX)
 
 .PHONY: install demo test lint unit integration clean
 
-$(VENV)/.installed: pyproject.toml
+# The operator package with its test tools, and the development tools (dev/: local cluster,
+# simulator, demo, benchmarks), a distribution of their own that the operator image leaves out.
+$(VENV)/.installed: pyproject.toml dev/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(if $(TORCH_INDEX),$(PY) -m pip install --quiet torch --index-url $(TORCH_INDEX),)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' -e ./dev
 	touch $@
 
 install: $(VENV)/.installed
@@ -23,8 +25,14 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/fleettune demo
 
-test: install
-	$(VENV)/bin/ruff check .
+# The static checks, quiet when clean: style (ruff), the layer contracts (import-linter,
+# [tool.importlinter] in pyproject.toml) and the types of the runtime package (mypy, [tool.mypy]).
+lint: install
+	@$(VENV)/bin/ruff check --quiet .
+	@out=$$($(VENV)/bin/lint-imports --no-logo 2>&1) || { printf '%s\n' "$$out"; exit 1; }
+	@$(VENV)/bin/mypy --no-error-summary
+
+test: lint
 	$(PY) -m pytest
 
 unit: install
@@ -34,4 +42,4 @@ integration: install
 	$(PY) -m pytest tests/integration
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .grimp_cache
