@@ -1,9 +1,9 @@
 """What the operator lets a TuningRun put into its trial Jobs (pure).
 
 A TuningRun author can create Jobs only through the operator, with the operator's rights:
-so which images trials may run and whether they may run privileged is the cluster
-admin's decision, made in the operator's own configuration (environment variables the
-Helm chart sets from ``trialPolicy`` values), never the run's:
+so which images trials may run, as whom, and whether they may run privileged is the
+cluster admin's decision, made in the operator's own configuration (environment variables
+the Helm chart sets from ``trialPolicy`` values), never the run's:
 
 * ``FLEETTUNE_ALLOW_PRIVILEGED_TRIALS`` (``true``/``false``, default false):
   ``spec.targets[].allowPrivileged`` is refused unless it is true;
@@ -13,7 +13,27 @@ Helm chart sets from ``trialPolicy`` values), never the run's:
   it; anything else is a repository (any tag or digest of exactly it). The repository of
   the operator's own job image (``FLEETTUNE_JOB_IMAGE``) is always allowed, and is all
   that is allowed when the variable is unset;
-* ``FLEETTUNE_JOB_IMAGE``: the image of trials whose run names none (`default_job_image`).
+* ``FLEETTUNE_JOB_IMAGE``: the image of trials whose run names none (`default_job_image`);
+* ``FLEETTUNE_TRIAL_RUN_AS_USER``: the UID, GID and fsGroup of trial Pods (default 10001);
+  empty: none set, the platform assigns them (OpenShift's restricted-v2 SCC). Either way
+  the Pods run as non-root, read-only, without privilege escalation or capabilities;
+* ``FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS``: comma-separated Secret names (in the run's
+  namespace) added to every trial Pod's imagePullSecrets; a run adds its own
+  (``spec.jobTemplate.imagePullSecrets``, ``spec.targets[].imagePullSecrets``) freely, since
+  the images themselves are what the allow-list restricts;
+* ``FLEETTUNE_TRIAL_SERVICE_ACCOUNT``: the ServiceAccount of trial Pods (default: none set,
+  the namespace's ``default``); its token is never mounted;
+* ``FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS``: comma-separated ServiceAccount names (or globs;
+  ``*``: any) a run may name in ``spec.jobTemplate.serviceAccountName``, since a
+  ServiceAccount can carry privileges (an SCC, a PSA exemption, cloud IAM). Unset: only
+  ``FLEETTUNE_TRIAL_SERVICE_ACCOUNT`` itself.
+
+A value the operator cannot read is a configuration error, never a silent default
+(`OperatorConfigError`, naming the variable): the operator checks its policy at start-up
+(`TrialPolicy.from_env`, which raises it), and should it meet one later, every run it
+configures fails with ``Ready=False, reason=InvalidOperatorConfig`` and the same message.
+(``FLEETTUNE_ALLOW_PRIVILEGED_TRIALS`` is the exception: any value but a clear "true" is
+false, so a typo never opens the door.)
 
 Also here: node selectors the API server would refuse in a Pod (an invalid label key or
 value can match no node and would only make every Job creation fail).
@@ -33,7 +53,13 @@ from fleettune.names import bounded
 ALLOW_PRIVILEGED_ENV = "FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"
 ALLOWED_IMAGES_ENV = "FLEETTUNE_ALLOWED_IMAGES"
 JOB_IMAGE_ENV = "FLEETTUNE_JOB_IMAGE"
+RUN_AS_USER_ENV = "FLEETTUNE_TRIAL_RUN_AS_USER"
+IMAGE_PULL_SECRETS_ENV = "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS"
+SERVICE_ACCOUNT_ENV = "FLEETTUNE_TRIAL_SERVICE_ACCOUNT"
+ALLOWED_SERVICE_ACCOUNTS_ENV = "FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS"
 DEFAULT_JOB_IMAGE = "ghcr.io/fleettune/job:0.1.0"
+DEFAULT_RUN_AS_USER = 10001
+MAX_ID = 2**31 - 1  # Kubernetes' bound on runAsUser, runAsGroup and fsGroup
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -49,12 +75,20 @@ def default_job_image() -> str:
 
 class AdmissionError(ValueError):
     """A run the operator will not turn into Jobs; the message names the field. ``reason`` is
-    the Ready condition's: Forbidden (the operator's configuration does not allow it) or
-    InvalidSpec (it cannot work)."""
+    the Ready condition's: Forbidden (the operator's configuration does not allow it),
+    InvalidSpec (it cannot work) or InvalidOperatorConfig (`OperatorConfigError`)."""
 
     def __init__(self, message: str, reason: str = "Forbidden") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class OperatorConfigError(AdmissionError):
+    """The operator's own trial policy (its environment) holds a value it cannot read. Raised
+    by `TrialPolicy.from_env` (at start-up); a run configured under it fails with this reason."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"the operator's configuration: {message}", "InvalidOperatorConfig")
 
 
 def repository(image: str) -> str:
@@ -83,14 +117,45 @@ def normalize(image: str) -> str:
     return image
 
 
+def _names(env: Mapping[str, str], var: str, chart_value: str, problems: list[str]) -> tuple[str, ...]:
+    """A comma-separated list of object names (DNS subdomains), each checked."""
+    names = tuple(dict.fromkeys(n.strip() for n in env.get(var, "").split(",") if n.strip()))
+    bad = [n for n in names if len(n) > 253 or not _DNS_SUBDOMAIN.match(n)]
+    if bad:
+        problems.append(f"{var}: {', '.join(repr(bounded(n, 80)) for n in bad)} is not an object name (lower-case "
+                        f"letters, digits, '-' and '.', at most 253 characters; the chart value {chart_value})")
+    return names
+
+
+def _run_as_user(env: Mapping[str, str], problems: list[str]) -> int | None:
+    raw = env.get(RUN_AS_USER_ENV)
+    if raw is None:
+        return DEFAULT_RUN_AS_USER
+    raw = raw.strip()
+    if not raw:
+        return None  # the platform assigns one
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_ID:
+        return int(raw)
+    problems.append(f"{RUN_AS_USER_ENV}={bounded(raw, 40)!r}: expected a non-root UID from 1 to {MAX_ID}, or empty "
+                    "to let the platform assign one (the chart value trialPolicy.runAsUser, null to omit it)")
+    return None
+
+
 @dataclass(frozen=True)
 class TrialPolicy:
     allow_privileged: bool = False
     allowed_images: tuple[str, ...] = ()
     job_image: str = ""
+    # UID, GID and fsGroup of trial Pods; None: left to the platform (runAsNonRoot stays).
+    run_as_user: int | None = DEFAULT_RUN_AS_USER
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account: str | None = None
+    allowed_service_accounts: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrialPolicy:
+        """The policy in the operator's environment; raises OperatorConfigError naming every
+        variable whose value it cannot read."""
         env = os.environ if env is None else env
         raw = env.get(ALLOW_PRIVILEGED_ENV, "").strip().lower()
         if raw not in _TRUE | _FALSE:
@@ -98,7 +163,29 @@ class TrialPolicy:
             raw = "false"
         patterns = tuple(p.strip() for p in env.get(ALLOWED_IMAGES_ENV, "").split(",") if p.strip())
         job_image = env.get(JOB_IMAGE_ENV) or default_job_image()
-        return cls(allow_privileged=raw in _TRUE, allowed_images=patterns, job_image=job_image)
+        problems: list[str] = []
+        run_as_user = _run_as_user(env, problems)
+        secrets = _names(env, IMAGE_PULL_SECRETS_ENV, "trialPolicy.imagePullSecrets", problems)
+        accounts = _names(env, SERVICE_ACCOUNT_ENV, "trialPolicy.serviceAccountName", problems)
+        if len(accounts) > 1:
+            problems.append(f"{SERVICE_ACCOUNT_ENV}: one ServiceAccount name, not {len(accounts)} "
+                            "(the chart value trialPolicy.serviceAccountName)")
+        allowed_accounts = tuple(
+            dict.fromkeys(p.strip() for p in env.get(ALLOWED_SERVICE_ACCOUNTS_ENV, "").split(",") if p.strip())
+        )
+        if problems:
+            raise OperatorConfigError("; ".join(problems))
+        return cls(allow_privileged=raw in _TRUE, allowed_images=patterns, job_image=job_image,
+                   run_as_user=run_as_user, image_pull_secrets=secrets,
+                   service_account=accounts[0] if accounts else None,
+                   allowed_service_accounts=allowed_accounts)
+
+    def service_account_allowed(self, name: str) -> bool:
+        """Whether a run may name ServiceAccount ``name``: the policy's own (the namespace's
+        ``default`` when it sets none), or one matching FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS."""
+        if name == (self.service_account or "default"):
+            return True
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.allowed_service_accounts)
 
     def image_allowed(self, image: str) -> bool:
         wanted = normalize(image)
@@ -122,6 +209,12 @@ class TrialPolicy:
 def check_trial_policy(spec: TuningRunSpec, policy: TrialPolicy) -> None:
     """Raise AdmissionError naming the first field that asks for more than ``policy`` allows."""
     template = spec.job_template.image
+    account = spec.job_template.service_account_name
+    if account and not policy.service_account_allowed(account):
+        allowed = ", ".join(dict.fromkeys([policy.service_account or "default", *policy.allowed_service_accounts]))
+        raise AdmissionError(f"spec.jobTemplate.serviceAccountName: ServiceAccount {bounded(account, 100)!r} is not "
+                             f"allowed by the operator's configuration (allowed: {bounded(allowed, 300)}; the chart "
+                             "value trialPolicy.allowedServiceAccounts)")
     if template and not policy.image_allowed(template):
         raise AdmissionError(f"spec.jobTemplate.image: image {bounded(template, 200)!r} is not allowed by the "
                           f"operator's configuration (allowed: {bounded(policy.describe(), 300)}; the chart "

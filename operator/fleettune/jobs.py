@@ -20,8 +20,6 @@ from fleettune.labels import CONFIG_ANNOTATION, MANAGED_BY, MANAGER, RUN_LABEL, 
 from fleettune.names import label_value
 from fleettune_job.protocol import CONTAINER_NAME, INVALID_CONFIG_EXIT_CODES, TERMINATION_LOG, TRIAL_ENV, Trial
 
-NON_ROOT_UID = 10001
-
 # The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
 # deadline is only a backstop, so it also allows for image pulls and start-up.
 STARTUP_ALLOWANCE_S = 120
@@ -116,18 +114,15 @@ def with_node_expressions(affinity: dict[str, Any] | None, expressions: list[dic
     return out
 
 
-def _security(target: TargetSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+def _security(target: TargetSpec, policy: TrialPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
     # The run is checked against the operator's trial policy before any Job is rendered;
     # this is the second lock on the same door.
-    if target.allow_privileged and TrialPolicy.from_env().allow_privileged:
+    if target.allow_privileged and policy.allow_privileged:
         return {}, {}
-    pod = {
-        "runAsNonRoot": True,
-        "runAsUser": NON_ROOT_UID,
-        "runAsGroup": NON_ROOT_UID,
-        "fsGroup": NON_ROOT_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    pod: dict[str, Any] = {"runAsNonRoot": True}
+    if policy.run_as_user is not None:  # None: the platform assigns them (OpenShift restricted-v2)
+        pod |= {"runAsUser": policy.run_as_user, "runAsGroup": policy.run_as_user, "fsGroup": policy.run_as_user}
+    pod["seccompProfile"] = {"type": "RuntimeDefault"}
     container = {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -152,15 +147,18 @@ def render_job(
     key: str | None = None,
     problem_size: Sequence[int] | None = None,
     source_digest: str | None = None,
+    policy: TrialPolicy | None = None,
 ) -> dict[str, Any]:
     """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
     tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
     shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
-    (see `fleettune.sizes.pool_key`)."""
+    (see `fleettune.sizes.pool_key`); `policy`: the operator's trial policy (default: read
+    from its environment)."""
     key = key or target.name
+    policy = policy or TrialPolicy.from_env()
     trial = make_trial(run, spec, target, index, config, key, problem_size, source_digest)
     labels = {MANAGED_BY: MANAGER, RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
-    pod_security, container_security = _security(target)
+    pod_security, container_security = _security(target, policy)
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
@@ -205,6 +203,15 @@ def render_job(
         pod_spec["tolerations"] = target.tolerations
     if target.runtime_class_name:
         pod_spec["runtimeClassName"] = target.runtime_class_name
+    # The operator's, then the run's, then the pool's (its own image may come from elsewhere).
+    secrets = [*policy.image_pull_secrets, *(s.name for s in tmpl.image_pull_secrets or ()),
+               *(s.name for s in target.image_pull_secrets or ())]
+    if secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in dict.fromkeys(secrets)]
+    # Allowed by the operator's policy (admission.check_trial_policy); its token stays unmounted.
+    account = tmpl.service_account_name or policy.service_account
+    if account:
+        pod_spec["serviceAccountName"] = account
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

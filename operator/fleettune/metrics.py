@@ -4,8 +4,14 @@ One :class:`Metrics` object holds every family; the operator builds one at start
 (:func:`operator_metrics`, with the process collectors) and hands it to each run's loop.
 Tests build their own (``Metrics.unregistered()``) so they never see each other's samples.
 
+Names follow Prometheus's conventions (``promtool check metrics`` passes on the live
+``/metrics``): base units (seconds, not milliseconds), ``_total`` counters, ``_info`` info
+metrics, ``_ratio`` ratios.
+
 Labels are bounded on purpose: ``namespace``, ``run``, ``target`` (≤ 16 per run, from the
-spec), ``outcome`` (the 7 protocol outcomes) and ``phase`` (the 4 run phases). Never a
+spec), ``outcome`` (the 7 protocol outcomes) and ``phase`` (the 4 run phases, the 5 pool
+phases). The ``namespace`` label is the run's own: a scrape must keep it (the chart's
+ServiceMonitor sets ``honorLabels: true``), or Prometheus renames it ``exported_namespace``. Never a
 trial index, a Job name or a configuration: those would create a series per trial and
 grow the scrape without bound. Per-trial detail lives in the results store and in
 ``fleettune report``.
@@ -22,7 +28,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 import prometheus_client
 from prometheus_client import (
@@ -38,11 +44,13 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 
 from fleettune import __version__
+from fleettune.api import TargetPhase
 from fleettune_job.protocol import CONTAINER_NAME, Outcome
 
 PREFIX = "fleettune"
 DEFAULT_PORT = 8080
 RUN_PHASES = ("Pending", "Running", "Succeeded", "Failed")
+POOL_PHASES: tuple[str, ...] = get_args(TargetPhase)  # Pending, Running, Succeeded, Failed, Unschedulable
 # Outcome classes the dashboard shows; keep in sync with the regexes in the dashboard JSON.
 VALID_OUTCOMES = (Outcome.OK.value,)
 INFRA_OUTCOMES = (Outcome.INFRA_ERROR.value,)
@@ -95,8 +103,8 @@ class Metrics:
             "was bound to a node of the pool.", POOL_LABELS, buckets=QUEUE_BUCKETS, registry=r,
         )
         self.best = Gauge(
-            f"{PREFIX}_best_objective_milliseconds", "Best (lowest) kernel time found so far.",
-            POOL_LABELS, registry=r,
+            f"{PREFIX}_best_objective_seconds", "Best (lowest) kernel time found so far, in seconds "
+            "(the status and reports show milliseconds).", POOL_LABELS, registry=r,
         )
         self.speedup = Gauge(
             f"{PREFIX}_speedup_ratio", "Default configuration's time divided by the best time.",
@@ -128,6 +136,10 @@ class Metrics:
         self.model_fit = Histogram(
             f"{PREFIX}_model_fit_duration_seconds", "Time to fit the surrogate and feasibility models.",
             POOL_LABELS, buckets=COMPUTE_BUCKETS, registry=r,
+        )
+        self.pool_phase = Gauge(
+            f"{PREFIX}_pool_phase", "1 for a pool's current phase (Unschedulable: no eligible node), "
+            "0 for the others.", [*POOL_LABELS, "phase"], registry=r,
         )
         self.stale = Gauge(
             f"{PREFIX}_pool_stale", "1 while a pool's results are stale (its device fingerprint changed).",
@@ -187,7 +199,7 @@ class Metrics:
         if parallelism is not None:
             self._child(self.parallelism, namespace, run, target).set(parallelism)
         if best_ms is not None:
-            self._child(self.best, namespace, run, target).set(best_ms)
+            self._child(self.best, namespace, run, target).set(best_ms / 1000.0)
         if speedup is not None:
             self._child(self.speedup, namespace, run, target).set(speedup)
 
@@ -207,6 +219,7 @@ class Metrics:
                 namespace, run, name, used=int(t.get("completed", 0)), budget=int(t.get("budget", 0)),
                 in_flight=int(t.get("running", 0)), parallelism=parallelism, best_ms=best, speedup=t.get("speedup"),
             )
+            self.set_pool_phase(namespace, run, name, str(t.get("phase") or "Pending"))
             # Exported as 0 too, so that `sum(fleettune_pool_stale)` is 0 rather than empty.
             self.pool_stale(namespace, run, name, bool(t.get("stale", False)))
             fp = t.get("fingerprint") or {}
@@ -223,6 +236,12 @@ class Metrics:
         # Every phase is exported (0 or 1) so `sum by (phase)` never loses a series mid-run.
         for p in RUN_PHASES:
             self._child(self.run_phase, namespace, run, p).set(1.0 if p == phase else 0.0)
+
+    def set_pool_phase(self, namespace: str, run: str, target: str, phase: str) -> None:
+        if phase not in POOL_PHASES:
+            raise ValueError(f"unknown pool phase {phase!r}")
+        for p in POOL_PHASES:
+            self._child(self.pool_phase, namespace, run, target, p).set(1.0 if p == phase else 0.0)
 
     def suggestion_latency(self, namespace: str, run: str, target: str, seconds: float) -> None:
         self._child(self.suggestion, namespace, run, target).observe(seconds)

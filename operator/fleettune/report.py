@@ -1,4 +1,5 @@
-"""`fleettune report RUN`: a per-pool table in the terminal and an HTML/PNG report to look at.
+"""`fleettune report RUN`: a per-pool table in the terminal (or JSON), and on request an HTML
+or PNG report with the convergence figure (matplotlib: `pip install 'fleettune[report]'`).
 
 The data is the run's status (what the operator concluded) and its results store (every
 trial), so a report can be made at any time — during the run, after it, after an
@@ -149,7 +150,10 @@ def print_table(run: dict[str, Any], pools: Sequence[PoolReport], file: Any = No
 
 
 def figure_png(pools: Sequence[PoolReport], records: Sequence[TrialRecord], title: str = "") -> bytes:
-    """Convergence curves (best so far against trials) and every valid time, one panel per pool."""
+    """Convergence curves (best so far against trials) and every valid time, one panel per pool.
+
+    Needs matplotlib (the `report` extra): `FigureUnavailable` without it."""
+    require_figure()
     import matplotlib
 
     matplotlib.use("Agg")  # no display in a pod or CI
@@ -245,58 +249,64 @@ started {esc(status.get('startedAt') or '-')}, completed {esc(status.get('comple
 """
 
 
-# ---------------------------------------------------------------------- cluster access
+# ---------------------------------------------------------------------- the command
+
+# The figure needs matplotlib, which a plain `pip install fleettune` leaves out.
+FIGURE_EXTRA = "pip install 'fleettune[report]'"
 
 
-def _load(namespace: str | None, name: str, kubeconfig: str | None, context: str | None) -> tuple[
-    dict[str, Any], list[TrialRecord], str
-]:
-    from kubernetes import client, config
-
-    from fleettune import GROUP, PLURAL, VERSION
-    from fleettune.store import ResultsStore
-
-    if kubeconfig or context or not _in_cluster():
-        api = config.new_client_from_config(config_file=kubeconfig, context=context)
-        if namespace is None:
-            contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
-            if context:
-                active = next((c for c in contexts if c["name"] == context), active)
-            namespace = (active or {}).get("context", {}).get("namespace") or "default"
-    else:
-        config.load_incluster_config()
-        api = client.ApiClient()
-        namespace = namespace or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
-    with api:
-        run: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
-            GROUP, VERSION, namespace, PLURAL, name)  # a dict: the client builds no model for custom objects
-        store = ResultsStore(client.CoreV1Api(api), namespace, name, run["metadata"]["uid"])
-        records = store.load()
-    return run, records, namespace
+class FigureUnavailable(RuntimeError):
+    """matplotlib cannot be imported: the message says which extra brings it."""
 
 
-def _in_cluster() -> bool:
-    return Path("/var/run/secrets/kubernetes.io/serviceaccount/token").exists()
+def require_figure() -> None:
+    """Raise `FigureUnavailable` unless the convergence figure can be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:  # absent, or hidden (None in sys.modules)
+        raise FigureUnavailable(f"the figure needs matplotlib ({exc}): {FIGURE_EXTRA}") from None
+
+
+def summary(pools: Sequence[PoolReport]) -> list[dict[str, Any]]:
+    """The per-pool summary that `--json` prints."""
+    return [
+        {"pool": p.name, "phase": p.phase, "device": _device(p), "valid": p.valid, "invalid": p.invalid,
+         "infraFailed": p.infra_failed, "budget": p.budget, "bestMs": p.best_ms, "defaultMs": p.default_ms,
+         "speedup": p.speedup, "best": [{"config": r.config, "ms": r.objective, "trial": r.index} for r in p.best]}
+        for p in pools
+    ]
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="fleettune report", description="Per-pool table of a TuningRun, and an HTML or PNG report."
+        prog="fleettune report",
+        description="Per-pool table of a TuningRun (or --json); with --html/--png also the convergence "
+        f"figure, which needs matplotlib: {FIGURE_EXTRA}.",
     )
     parser.add_argument("run", help="TuningRun name")
     parser.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
     parser.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     parser.add_argument("--context")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (default: RUN.html)")
-    parser.add_argument("--png", metavar="FILE", help="write the convergence figure as PNG")
-    parser.add_argument("--no-file", action="store_true", help="only print the table")
-    parser.add_argument("--json", action="store_true", help="print the per-pool summary as JSON instead")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with the figure")
+    parser.add_argument("--png", metavar="FILE", help="also write the convergence figure as PNG")
+    parser.add_argument("--json", action="store_true", help="print the per-pool summary as JSON instead of a table")
+    # Kept for scripts of earlier versions, when the HTML file was written unless asked not to.
+    parser.add_argument("--no-file", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.html or args.png:
+        try:  # before reading the cluster: say at once what is missing
+            require_figure()
+        except FigureUnavailable as exc:
+            flag = "--html" if args.html else "--png"
+            print(f"fleettune report: {flag}: {exc}", file=sys.stderr)
+            return 2
 
     from kubernetes.client.exceptions import ApiException
 
+    from fleettune import store
+
     try:
-        run, records, namespace = _load(args.namespace, args.run, args.kubeconfig, args.context)
+        run, records, namespace = store.read_run(args.run, args.namespace, args.kubeconfig, args.context)
     except ApiException as exc:
         if exc.status == 404:
             print(f"fleettune report: no TuningRun {args.run!r} in namespace {args.namespace or '(default)'}",
@@ -305,24 +315,18 @@ def main(argv: list[str]) -> int:
         raise
     pools = pool_reports(run.get("status") or {}, records)
     if args.json:
-        print(json.dumps([
-            {"pool": p.name, "phase": p.phase, "device": _device(p), "valid": p.valid, "invalid": p.invalid,
-             "infraFailed": p.infra_failed, "budget": p.budget, "bestMs": p.best_ms, "defaultMs": p.default_ms,
-             "speedup": p.speedup, "best": [{"config": r.config, "ms": r.objective, "trial": r.index} for r in p.best]}
-            for p in pools
-        ], indent=2))
+        print(json.dumps(summary(pools), indent=2))
     else:
         print_table(run, pools)
-    if args.no_file:
+    if not (args.html or args.png):
         return 0
     png = figure_png(pools, records, f"{namespace}/{args.run}")
     if args.png:
         Path(args.png).write_bytes(png)
         print(f"wrote {args.png}", file=sys.stderr)
-    if args.html or not args.png:
-        out = Path(args.html or f"{args.run}.html")
-        out.write_text(render_html(run, pools, png))
-        print(f"wrote {out}", file=sys.stderr)
+    if args.html:
+        Path(args.html).write_text(render_html(run, pools, png))
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 

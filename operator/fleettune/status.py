@@ -2,7 +2,10 @@
 
 Whatever the number of trials, the status holds counters, the best and top-k
 configurations per pool, the fingerprint measured on, and conditions with
-`observedGeneration` that kstatus/Flux/Argo CD understand.
+`observedGeneration` that kstatus/Flux/Argo CD understand: `Ready` (True once
+Succeeded), and kstatus's abnormal-true pair, `Reconciling` (True while Pending or
+Running: kstatus says InProgress) and `Stalled` (True once Failed: kstatus says Failed);
+with neither True and `observedGeneration` current, kstatus says Current.
 """
 
 from __future__ import annotations
@@ -179,6 +182,14 @@ def run_status(
     degraded = phase == "Failed" or any(t.phase in ("Failed", "Unschedulable") for t in targets)
     refused = published is not None and published[1] == PUBLISH_REFUSED
     conditions = set_condition(conditions, "Ready", phase == "Succeeded", reason, message, generation)
+    # kstatus (Flux, kpt, cli-utils) reads these two: InProgress while Reconciling, Failed when Stalled.
+    conditions = set_condition(
+        conditions, "Reconciling", not terminal, reason if not terminal else "Finished", message, generation
+    )
+    failed = phase == "Failed"
+    conditions = set_condition(
+        conditions, "Stalled", failed, reason if failed else "AsExpected", message if failed else "", generation
+    )
     conditions = set_condition(
         conditions, "Progressing", not terminal, reason if not terminal else "Finished", message, generation
     )

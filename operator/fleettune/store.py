@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fleettune import GROUP, KIND, VERSION
+from fleettune import GROUP, KIND, PLURAL, VERSION
 from fleettune.kubeapi import manifest, raw_json
 from fleettune.labels import MANAGED_BY, MANAGER, RESULTS_OF_LABEL, RUN_UID_LABEL
 from fleettune.names import child_name, label_value
@@ -228,3 +228,37 @@ class ResultsStore:
             resp = self.core.replace_namespaced_config_map(shard.name, self.namespace, manifest(body),
                                                            _preload_content=False)
         shard.resource_version = raw_json(resp)["metadata"]["resourceVersion"]
+
+
+# ---------------------------------------------------------------------- read from outside the operator
+
+
+def read_run(name: str, namespace: str | None = None, kubeconfig: str | None = None,
+             context: str | None = None) -> tuple[dict[str, Any], list[TrialRecord], str]:
+    """A TuningRun and every record of its results store, as a person's command reads them
+    (`fleettune report`, `fleettune export`): with a kubeconfig (``$KUBECONFIG`` or
+    ``~/.kube/config``; the context's namespace when none is given), or in a Pod, its service
+    account. Returns (the run as a dict, its records, the namespace); raises the client's
+    ApiException (404: no such run)."""
+    from pathlib import Path
+
+    from kubernetes import config
+
+    sa = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+    if kubeconfig or context or not (sa / "token").exists():
+        api = config.new_client_from_config(config_file=kubeconfig, context=context)
+        if namespace is None:
+            contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+            if context:
+                active = next((c for c in contexts if c["name"] == context), active)
+            namespace = (active or {}).get("context", {}).get("namespace") or "default"
+    else:
+        config.load_incluster_config()
+        api = client.ApiClient()
+        namespace = namespace or (sa / "namespace").read_text().strip()
+    with api:
+        # A dict: the client builds no model for custom objects.
+        run: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
+            GROUP, VERSION, namespace, PLURAL, name)
+        records = ResultsStore(client.CoreV1Api(api), namespace, name, run["metadata"]["uid"]).load()
+    return run, records, namespace

@@ -1,5 +1,6 @@
 """The Helm chart against the real API server: every rendered object passes a server-side
-dry-run (the API server's own schemas, the ServiceMonitor's CRD included), the RBAC grants
+dry-run (the API server's own schemas, the ServiceMonitor's and PrometheusRule's CRDs
+included), a real `helm install` with the longest release name Helm allows, the RBAC grants
 exactly what the operator calls, and `fleettune report` reads a run from the cluster.
 """
 
@@ -32,8 +33,13 @@ VALUES = ROOT / "tests" / "unit" / "chart" / "values"
 # The ServiceMonitor CRD as the Prometheus Operator publishes it (a Go module: fetched
 # through the module proxy and cached by Go like the control plane's sources).
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
-SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+MONITORING_CRDS = {
+    f"{plural}.monitoring.coreos.com": f"example/prometheus-operator-crd/monitoring.coreos.com_{plural}.yaml"
+    for plural in ("servicemonitors", "prometheusrules")
+}
 FIELD_MANAGER = "fleettune-chart-test"
+# Helm's longest release name: every name the chart derives from it must fit in 63 characters.
+LONG_RELEASE = "a-release-name-of-fifty-three-characters-for-the-test"
 
 
 def _say(msg: str) -> None:
@@ -47,17 +53,17 @@ def helm() -> Path:
 
 @pytest.fixture(scope="module")
 def foreign_crds(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """CRDs that the chart's objects need to exist: the ServiceMonitor's and kopf's peering ones."""
+    """CRDs that the chart's objects need to exist: the Prometheus Operator's and kopf's peering ones."""
     out = subprocess.run(
         ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR], capture_output=True, text=True, env=_go_env(),
         cwd=tmp_path_factory.mktemp("gomod"), timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    crd = Path(json.loads(out.stdout)["Dir"]) / SERVICEMONITOR_CRD
-    for path in (crd, CHART / "crds" / "kopf-peering.yaml"):
+    module = Path(json.loads(out.stdout)["Dir"])
+    for path in (*(module / crd for crd in MONITORING_CRDS.values()), CHART / "crds" / "kopf-peering.yaml"):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
                         "-f", str(path))
-    for name in ("servicemonitors.monitoring.coreos.com", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
+    for name in (*MONITORING_CRDS, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
@@ -86,8 +92,8 @@ def test_rendered_objects_pass_server_side_dry_run(
     args = [] if values == "default" else ["-f", str(VALUES / f"{values}.yaml")]
     # Objects go to namespaces that exist: the test's own.
     args += ["--set", f"watchNamespaces={{{namespace}}}", "--set", f"dashboard.namespace={namespace}",
-             "--include-crds"]
-    manifest = render(helm, "ft", namespace, *args)
+             "--set", f"trialNetworkPolicy.namespaces={{{namespace}}}", "--include-crds"]
+    manifest = render(helm, LONG_RELEASE, namespace, *args)
     docs = [d for d in yaml.safe_load_all(manifest) if d]
     path = tmp_path / "chart.yaml"
     path.write_text(manifest)
@@ -97,7 +103,41 @@ def test_rendered_objects_pass_server_side_dry_run(
     ).stdout
     applied = [line for line in out.splitlines() if "(server dry run)" in line]
     assert len(applied) == len(docs), out
-    assert "ServiceMonitor" not in {d["kind"] for d in docs} or "servicemonitor.monitoring.coreos.com" in out
+    kinds = {d["kind"] for d in docs}
+    assert "ServiceMonitor" not in kinds or "servicemonitor.monitoring.coreos.com" in out
+    assert "PrometheusRule" not in kinds or "prometheusrule.monitoring.coreos.com" in out
+    assert "networkpolicy.networking.k8s.io" in out  # trial Pods are cut off by default
+
+
+def test_helm_install_with_the_longest_release_name(
+    cluster: Any, namespace: str, helm: Path, foreign_crds: None, tuningrun_crd: None
+) -> None:
+    """A real `helm install` (issue #19: release names of 45-53 characters broke it, on a
+    Service name over 63 characters), with monitoring, alerts and the trial NetworkPolicy."""
+    base = [str(helm), "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace]
+    install = subprocess.run(
+        [*base, "install", LONG_RELEASE, str(CHART), "-f", str(VALUES / "monitoring.yaml"),
+         "--set", f"watchNamespaces={{{namespace}}}", "--set", f"dashboard.namespace={namespace}",
+         # The CRD is the tuningrun_crd fixture's: a second owner would be refused.
+         "--set", "crds.install=false", "--set", "replicaCount=0"],
+        capture_output=True, text=True, timeout=300,
+    )
+    try:
+        assert install.returncode == 0, install.stderr
+        manifest = subprocess.run([*base, "get", "manifest", LONG_RELEASE], capture_output=True, text=True,
+                                  timeout=60, check=True).stdout
+        docs = [d for d in yaml.safe_load_all(manifest) if d]
+        assert {"Service", "Deployment", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "ClusterRole"} <= {
+            d["kind"] for d in docs}
+        for d in docs:
+            assert len(d["metadata"]["name"]) <= 63, d["metadata"]["name"]
+            scope = ["-n", d["metadata"].get("namespace", namespace)] if d["kind"] not in {
+                "ClusterRole", "ClusterRoleBinding"} else []
+            got = cluster.kubectl("get", d["kind"].lower(), d["metadata"]["name"], *scope, "-o", "name", check=False)
+            assert got.returncode == 0, f"{d['kind']} {d['metadata']['name']}: {got.stderr}"
+    finally:
+        subprocess.run([*base, "uninstall", LONG_RELEASE, "--wait", "--timeout", "120s"], capture_output=True,
+                       text=True, timeout=180)
 
 
 def test_notes_tell_what_to_do_next(cluster: Any, namespace: str, helm: Path, foreign_crds: None) -> None:
@@ -148,9 +188,12 @@ def test_namespaced_rbac_grants_exactly_the_operators_calls(
     path.write_text(manifest)
     cluster.kubectl("apply", "-f", str(path))
     try:
-        sa = f"system:serviceaccount:{namespace}:{release}-fleettune"
+        account = next(d for d in yaml.safe_load_all(manifest) if d and d["kind"] == "ServiceAccount")
+        sa = f"system:serviceaccount:{namespace}:{account['metadata']['name']}"
         allowed = [
             ("watch", "tuningruns.fleettune.dev"), ("patch", "tuningruns.fleettune.dev/status"),
+            # blockOwnerDeletion on trial Jobs, under OwnerReferencesPermissionEnforcement.
+            ("update", "tuningruns.fleettune.dev/finalizers"),
             ("create", "jobs.batch"), ("delete", "jobs.batch"), ("list", "pods"), ("watch", "pods"),
             ("create", "configmaps"), ("update", "configmaps"), ("create", "events"),
         ]
@@ -160,14 +203,15 @@ def test_namespaced_rbac_grants_exactly_the_operators_calls(
         denied = [
             ("get", "secrets", namespace), ("delete", "configmaps", namespace), ("delete", "pods", namespace),
             ("create", "tuningruns.fleettune.dev", namespace), ("delete", "tuningruns.fleettune.dev", namespace),
+            ("update", "tuningruns.fleettune.dev", namespace),  # only the finalizers subresource
             ("create", "jobs.batch", "default"),  # a namespace it does not watch
             ("patch", "nodes", None), ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
         ]
         for verb, resource, ns in denied:
             assert not _can(cluster, sa, verb, resource, ns), f"may {verb} {resource} in {ns}"
     finally:
-        cluster.kubectl("delete", "--ignore-not-found", "clusterrole,clusterrolebinding",
-                        f"{release}-fleettune-{namespace}")
+        # The ClusterRole and its binding outlive the namespace (their names are hashed past 63 characters).
+        cluster.kubectl("delete", "--ignore-not-found", "-f", str(path))
 
 
 def test_report_reads_a_run_from_the_cluster(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 from typing import Any
 
@@ -258,6 +259,57 @@ def test_privileged_trials_and_other_images_are_the_operators_to_allow(cluster, 
     assert alpine["containers"][0]["securityContext"]["privileged"] is False
     for name in cases:
         assert wait_phase(cluster, namespace, name, 180, operator)["status"]["phase"] == "Succeeded"
+    assert_no_tracebacks(operator)
+
+
+
+def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, namespace, simulator, operator,
+                                                                       api_client):
+    """Issue #19: no fixed UID where the platform assigns one (OpenShift restricted-v2), pull
+    secrets for private registries, a ServiceAccount only where the admin allows it."""
+    import subprocess
+
+    core = core_api(api_client)
+    for account in ("trial", "gpu-team"):
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    operator.stop()
+    operator.env = {"FLEETTUNE_TRIAL_RUN_AS_USER": "", "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS": "mirror",
+                    "FLEETTUNE_TRIAL_SERVICE_ACCOUNT": "trial", "FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS": "gpu-*"}
+    operator.start()
+    # Every Job as created (the operator deletes a trial's Job once its result is recorded).
+    watch = subprocess.Popen([str(cluster.kubectl_path()), f"--kubeconfig={cluster.kubeconfig}", "get", "jobs",
+                              "-n", namespace, "--watch", "-o", "json"], stdout=subprocess.PIPE, text=True)
+    try:
+        runs = {
+            "own": small("own", budget=2, jobTemplate={"imagePullSecrets": [{"name": "team"}]}),
+            "team": small("team", budget=2, jobTemplate={"serviceAccountName": "gpu-team"}),
+            "admin": small("admin", budget=2, jobTemplate={"serviceAccountName": "admin"}),
+        }
+        for doc in runs.values():
+            assert apply(cluster, namespace, doc).returncode == 0
+        for name in ("own", "team"):
+            assert wait_phase(cluster, namespace, name, 180, operator)["status"]["phase"] == "Succeeded"
+        refused = wait_phase(cluster, namespace, "admin", 60, operator)
+        ready = condition(refused, "Ready")
+        assert refused["status"]["phase"] == "Failed" and ready["reason"] == "Forbidden", refused["status"]
+        assert ready["message"].startswith("spec.jobTemplate.serviceAccountName: ServiceAccount 'admin'")
+        assert not jobs(cluster, namespace, "admin")
+    finally:
+        watch.terminate()
+        out, _ = watch.communicate(timeout=30)
+    created = [json.loads(doc) for doc in re.split(r"(?m)^(?=\{)", out) if doc.strip()]
+    pods = {}
+    for job in created:
+        pods.setdefault(job["metadata"]["labels"][f"{GROUP}/run"], job["spec"]["template"]["spec"])
+    assert set(pods) == {"own", "team"}, sorted(pods)
+    for name, pod in pods.items():
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}, name
+        assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+        assert pod["automountServiceAccountToken"] is False
+    assert pods["own"]["imagePullSecrets"] == [{"name": "mirror"}, {"name": "team"}]
+    assert pods["own"]["serviceAccountName"] == "trial"
+    assert pods["team"]["imagePullSecrets"] == [{"name": "mirror"}]
+    assert pods["team"]["serviceAccountName"] == "gpu-team"
     assert_no_tracebacks(operator)
 
 

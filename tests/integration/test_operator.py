@@ -212,6 +212,6 @@ def test_metrics_move_while_the_run_progresses(cluster, namespace, simulator, op
     assert trials == recorded["completed"] + recorded["infraFailed"]
     assert _total(late, "fleettune_suggestion_duration_seconds_count", run="observed") > 0
     for target in run["status"]["targets"]:
-        best = _total(late, "fleettune_best_objective_milliseconds", run="observed", target=target["name"])
-        assert best == pytest.approx(target["best"]["objectiveMs"])
+        best = _total(late, "fleettune_best_objective_seconds", run="observed", target=target["name"])
+        assert best == pytest.approx(target["best"]["objectiveMs"] / 1000)
     assert _total(late, "fleettune_run_phase", run="observed", phase="Succeeded") == 1

@@ -61,6 +61,7 @@ class FakeFleet:
     deleted: list[str] = field(default_factory=list)
     node_epoch: int = 0
     status: dict[str, Any] | None = None
+    node_wait_s: float = 600.0
     planner: Planner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -68,7 +69,7 @@ class FakeFleet:
 
     def new_planner(self) -> Planner:
         """A planner as after an operator restart: it knows only the status and the store."""
-        planner = Planner("conv", "ns", "uid-1", logging.getLogger("planner-test"))
+        planner = Planner("conv", "ns", "uid-1", logging.getLogger("planner-test"), self.node_wait_s)
         planner.restore(TuningRunStatus.model_validate(self.status) if self.status else None)
         return planner
 

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy, normalize
+from fleettune.admission import (
+    AdmissionError,
+    OperatorConfigError,
+    TrialPolicy,
+    check_node_selectors,
+    check_trial_policy,
+    normalize,
+)
 from fleettune.api import TuningRunSpec
 from fleettune.labels import RESULTS_OF_LABEL
 from fleettune.names import INT64_MAX, bounded, child_name, label_value
@@ -133,6 +140,69 @@ def test_node_selectors_a_pod_cannot_carry_are_invalid_specs() -> None:
     with pytest.raises(AdmissionError, match="key"):
         check_node_selectors(_spec(nodeSelector={"bad key": "v"}))
     check_node_selectors(_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-A100-PCIE-40GB", "k": ""}))
+
+
+
+def test_trial_pods_uid_secrets_and_service_account_come_from_the_operators_environment() -> None:
+    assert (POLICY.run_as_user, POLICY.image_pull_secrets, POLICY.service_account) == (10001, (), None)
+    policy = TrialPolicy.from_env({
+        "FLEETTUNE_TRIAL_RUN_AS_USER": " 2000 ",
+        "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS": " mirror, team-registry ,,mirror",
+        "FLEETTUNE_TRIAL_SERVICE_ACCOUNT": "fleettune-trial",
+    })
+    assert policy.run_as_user == 2000 and policy.image_pull_secrets == ("mirror", "team-registry")
+    assert policy.service_account == "fleettune-trial"
+    # Empty: the platform assigns the UID (OpenShift restricted-v2); unset: the default.
+    assert TrialPolicy.from_env({"FLEETTUNE_TRIAL_RUN_AS_USER": ""}).run_as_user is None
+    assert TrialPolicy.from_env({}).run_as_user == 10001
+
+
+@pytest.mark.parametrize("env, variable", [
+    ({"FLEETTUNE_TRIAL_RUN_AS_USER": "0"}, "FLEETTUNE_TRIAL_RUN_AS_USER='0'"),  # root, yet runAsNonRoot
+    ({"FLEETTUNE_TRIAL_RUN_AS_USER": "-1"}, "FLEETTUNE_TRIAL_RUN_AS_USER='-1'"),
+    ({"FLEETTUNE_TRIAL_RUN_AS_USER": "1e4"}, "FLEETTUNE_TRIAL_RUN_AS_USER='1e4'"),
+    ({"FLEETTUNE_TRIAL_RUN_AS_USER": "nobody"}, "FLEETTUNE_TRIAL_RUN_AS_USER='nobody'"),
+    ({"FLEETTUNE_TRIAL_RUN_AS_USER": "2147483648"}, "FLEETTUNE_TRIAL_RUN_AS_USER='2147483648'"),
+    ({"FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS": "ok,Not_A_Name"}, "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS: 'Not_A_Name'"),
+    ({"FLEETTUNE_TRIAL_SERVICE_ACCOUNT": "a,b"}, "FLEETTUNE_TRIAL_SERVICE_ACCOUNT: one ServiceAccount name"),
+])
+def test_a_value_the_operator_cannot_read_is_an_error_naming_the_variable(env: dict[str, str],
+                                                                          variable: str) -> None:
+    with pytest.raises(OperatorConfigError) as err:
+        TrialPolicy.from_env(env)
+    assert str(err.value).startswith(f"the operator's configuration: {variable}"), str(err.value)
+    # The planner reports an AdmissionError in the run's Ready condition, with its reason.
+    assert isinstance(err.value, AdmissionError) and err.value.reason == "InvalidOperatorConfig"
+
+
+def test_every_unreadable_value_is_named_at_once() -> None:
+    with pytest.raises(OperatorConfigError) as err:
+        TrialPolicy.from_env({"FLEETTUNE_TRIAL_RUN_AS_USER": "x", "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS": "A"})
+    assert "FLEETTUNE_TRIAL_RUN_AS_USER" in str(err.value) and "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS" in str(err.value)
+
+
+def _with_account(account: str) -> TuningRunSpec:
+    return TuningRunSpec.model_validate({**_spec().model_dump(by_alias=True, exclude_none=True),
+                                         "jobTemplate": {"serviceAccountName": account}})
+
+
+def test_a_runs_own_service_account_needs_the_operators_leave() -> None:
+    with pytest.raises(AdmissionError) as err:
+        check_trial_policy(_with_account("cluster-admin-ish"), POLICY)
+    assert str(err.value).startswith("spec.jobTemplate.serviceAccountName: ServiceAccount 'cluster-admin-ish' is not "
+                                     "allowed") and err.value.reason == "Forbidden"
+    assert "trialPolicy.allowedServiceAccounts" in str(err.value)
+    check_trial_policy(_with_account("default"), POLICY)  # what its Pods get anyway
+    own = TrialPolicy.from_env({"FLEETTUNE_TRIAL_SERVICE_ACCOUNT": "fleettune-trial"})
+    check_trial_policy(_with_account("fleettune-trial"), own)
+    with pytest.raises(AdmissionError, match="allowed: fleettune-trial;"):
+        check_trial_policy(_with_account("default"), own)
+    listed = TrialPolicy.from_env({"FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS": "gpu-team, tuner-*"})
+    check_trial_policy(_with_account("gpu-team"), listed)
+    check_trial_policy(_with_account("tuner-a"), listed)
+    with pytest.raises(AdmissionError, match=r"allowed: default, gpu-team, tuner-\*;"):
+        check_trial_policy(_with_account("gpu-team-2"), listed)
+    check_trial_policy(_with_account("anything"), TrialPolicy.from_env({"FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS": "*"}))
 
 
 # ---------------------------------------------------------------------------- publishing

@@ -65,3 +65,17 @@ def test_a_run_wakes_when_one_of_its_trial_pods_ends_decisively(waker: Any, memo
                                        memo=memo))
         assert waker.is_set() == wakes
     assert memo.fleettune.ended.get("ns", "job-uid") is not None
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", 600.0), ("0", 0.0), ("1800", 1800.0)])
+def test_the_node_wait_comes_from_the_operators_environment(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                           expected: float) -> None:
+    monkeypatch.setenv(handlers.NODE_WAIT_ENV, raw)
+    assert handlers.node_wait_from_env() == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "nan", "inf"])
+def test_a_bad_node_wait_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(handlers.NODE_WAIT_ENV, raw)
+    with pytest.raises(ValueError, match=f"^{handlers.NODE_WAIT_ENV}="):
+        handlers.node_wait_from_env()

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import yaml
 
-from fleettune.api import TuningRunSpec
+from fleettune.api import TargetSpec, TuningRunSpec
 from fleettune.jobs import job_name, render_job
 from fleettune.labels import RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import INVALID_CONFIG_EXIT_CODES, TRIAL_ENV, Trial
@@ -124,3 +124,72 @@ def test_one_size_of_several_is_labelled_named_and_sent_with_its_size():
     # Without a size, the kernel's own.
     assert Trial.from_env(next(e["value"] for e in _render()["spec"]["template"]["spec"]["containers"][0]["env"]
                                if e["name"] == TRIAL_ENV)).problem_size == SPEC.kernel.problem_size
+
+
+def _pod(target=None, spec=SPEC, policy=None):
+    job = render_job(run="c", namespace="n", uid="u", spec=spec, target=target or spec.targets[0], index=0,
+                     config={}, config_key="", policy=policy)
+    return job["spec"]["template"]["spec"]
+
+
+def test_trial_pods_run_as_the_policys_uid_or_as_the_platform_assigns(monkeypatch):
+    from fleettune.admission import TrialPolicy
+
+    restricted = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+                  "capabilities": {"drop": ["ALL"]}}
+    monkeypatch.delenv("FLEETTUNE_TRIAL_RUN_AS_USER", raising=False)
+    pod = _pod()
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                      "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
+    pod = _pod(policy=TrialPolicy(run_as_user=2000))
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"],
+            pod["securityContext"]["fsGroup"]) == (2000, 2000, 2000)
+    # Empty (the chart's `trialPolicy.runAsUser: null`): OpenShift's restricted-v2 assigns them;
+    # the Pod is as restricted as ever.
+    monkeypatch.setenv("FLEETTUNE_TRIAL_RUN_AS_USER", "")
+    for pod in (_pod(), _pod(policy=TrialPolicy(run_as_user=None))):
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        assert pod["containers"][0]["securityContext"] == restricted
+        assert pod["automountServiceAccountToken"] is False
+
+
+def _with_template(**template):
+    doc = SPEC.model_dump(by_alias=True, exclude_none=True)
+    doc["jobTemplate"] = {**doc.get("jobTemplate", {}), **template}
+    return TuningRunSpec.model_validate(doc)
+
+
+def test_image_pull_secrets_come_from_the_operator_the_run_and_the_pool():
+    from fleettune.admission import TrialPolicy
+
+    assert "imagePullSecrets" not in _pod(policy=TrialPolicy())
+    policy = TrialPolicy(image_pull_secrets=("mirror",))
+    assert _pod(policy=policy)["imagePullSecrets"] == [{"name": "mirror"}]
+    spec = _with_template(imagePullSecrets=[{"name": "team"}, {"name": "mirror"}])
+    arm = TargetSpec.model_validate({**spec.targets[2].dump(), "imagePullSecrets": [{"name": "arm-registry"}]})
+    assert _pod(arm, spec, policy)["imagePullSecrets"] == [
+        {"name": "mirror"}, {"name": "team"}, {"name": "arm-registry"}]
+    assert _pod(spec.targets[0], spec, policy)["imagePullSecrets"] == [{"name": "mirror"}, {"name": "team"}]
+
+
+def test_the_service_account_is_the_runs_or_the_operators_and_its_token_is_never_mounted():
+    from fleettune.admission import TrialPolicy
+
+    pod = _pod(policy=TrialPolicy())
+    assert "serviceAccountName" not in pod and pod["automountServiceAccountToken"] is False
+    pod = _pod(policy=TrialPolicy(service_account="fleettune-trial"))
+    assert pod["serviceAccountName"] == "fleettune-trial" and pod["automountServiceAccountToken"] is False
+    pod = _pod(spec=_with_template(serviceAccountName="gpu-team"),
+               policy=TrialPolicy(service_account="fleettune-trial"))
+    assert pod["serviceAccountName"] == "gpu-team" and pod["automountServiceAccountToken"] is False
+
+
+def test_affinity_and_tolerations_reach_the_pod_as_written():
+    doc = SPEC.model_dump(by_alias=True, exclude_none=True)
+    tolerations = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 5, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}}
+    doc["targets"][0] |= {"tolerations": tolerations, "affinity": affinity}
+    spec = TuningRunSpec.model_validate(doc)
+    pod = _pod(spec.targets[0], spec)
+    assert pod["tolerations"] == tolerations and pod["affinity"] == affinity

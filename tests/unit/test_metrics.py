@@ -54,11 +54,12 @@ def test_pool_gauges_move_with_progress(m: Metrics) -> None:
     assert value(m, "fleettune_budget_trials", **pool) == 60
     assert value(m, "fleettune_trials_in_flight", **pool) == 1
     assert value(m, "fleettune_trials_parallelism", **pool) == 2
-    assert value(m, "fleettune_best_objective_milliseconds", **pool) == 0.55
+    # Base units: the status's 0.55 ms is exported as seconds.
+    assert value(m, "fleettune_best_objective_seconds", **pool) == pytest.approx(0.55e-3)
     assert value(m, "fleettune_speedup_ratio", **pool) == 1.8
     # No best yet (only invalid trials): the gauge keeps its last value rather than 0 ms.
     m.pool_progress("ns", "conv", "a100", used=8, budget=60, in_flight=0, parallelism=2, best_ms=None)
-    assert value(m, "fleettune_best_objective_milliseconds", **pool) == 0.55
+    assert value(m, "fleettune_best_objective_seconds", **pool) == pytest.approx(0.55e-3)
 
 
 def test_run_phase_is_one_hot(m: Metrics) -> None:
@@ -68,6 +69,23 @@ def test_run_phase_is_one_hot(m: Metrics) -> None:
     assert phases == {"Pending": 0, "Running": 0, "Succeeded": 1, "Failed": 0}
     with pytest.raises(ValueError):
         m.set_run_phase("ns", "conv", "Exploding")
+
+
+def test_pool_phase_is_one_hot_over_every_pool_phase(m: Metrics) -> None:
+    from typing import get_args
+
+    from fleettune.api import TargetPhase
+
+    assert set(metrics.POOL_PHASES) == set(get_args(TargetPhase)) >= {"Unschedulable", "Running"}
+    pool = {"namespace": "ns", "run": "conv", "target": "a100"}
+    m.set_pool_phase("ns", "conv", "a100", "Unschedulable")
+    m.set_pool_phase("ns", "conv", "a100", "Running")
+    phases = {p: value(m, "fleettune_pool_phase", **pool, phase=p) for p in metrics.POOL_PHASES}
+    assert phases == {p: (1 if p == "Running" else 0) for p in metrics.POOL_PHASES}
+    with pytest.raises(ValueError):
+        m.set_pool_phase("ns", "conv", "a100", "Sleeping")
+    m.forget_target("ns", "conv", "a100")
+    assert value(m, "fleettune_pool_phase", **pool, phase="Running") is None
 
 
 def test_fingerprint_change_replaces_the_series(m: Metrics) -> None:
@@ -124,8 +142,10 @@ def test_names_follow_prometheus_conventions_and_labels_are_bounded(m: Metrics) 
         if fam.type == "histogram":
             assert fam.name.endswith("_seconds"), fam.name
         if fam.type == "gauge" and not fam.name.endswith("_info"):
-            assert fam.name.rsplit("_", 1)[-1] in {"milliseconds", "ratio", "trials", "phase", "stale", "flight",
+            # A unit, in base units (promtool check metrics, on the live text, in tests/unit/chart).
+            assert fam.name.rsplit("_", 1)[-1] in {"seconds", "ratio", "trials", "phase", "stale", "flight",
                                                      "parallelism"}, fam.name
+            assert not fam.name.endswith(("_milliseconds", "_ms", "_minutes")), fam.name
         for s in fam.samples:
             assert set(s.labels) <= ALLOWED_LABELS, (s.name, s.labels)
 
@@ -212,14 +232,18 @@ def test_observe_status_sets_every_gauge_from_a_real_status(m: Metrics) -> None:
     assert value(m, "fleettune_budget_trials", **a100) == 40
     assert value(m, "fleettune_trials_in_flight", **a100) == 3
     assert value(m, "fleettune_trials_parallelism", **a100) == 4
-    assert value(m, "fleettune_best_objective_milliseconds", **a100) == 0.8
+    assert value(m, "fleettune_best_objective_seconds", **a100) == pytest.approx(0.8e-3)
     assert value(m, "fleettune_speedup_ratio", **a100) == 2.5
     assert value(m, "fleettune_pool_stale", **a100) == 0
     assert value(m, "fleettune_pool_fingerprint_info", **a100, product="NVIDIA A100", driver="550.54", cuda="12.4",
                  compute_capability="8.0", simulated="true") == 1
     orin = {"namespace": "ns", "run": "conv", "target": "orin"}
     assert value(m, "fleettune_budget_used_trials", **orin) == 0
-    assert value(m, "fleettune_best_objective_milliseconds", **orin) is None  # no result: no made-up best
+    assert value(m, "fleettune_best_objective_seconds", **orin) is None  # no result: no made-up best
+    # The pool phase, one-hot (the Unschedulable alert reads it).
+    assert value(m, "fleettune_pool_phase", **orin, phase="Unschedulable") == 1
+    assert value(m, "fleettune_pool_phase", **orin, phase="Running") == 0
+    assert value(m, "fleettune_pool_phase", **a100, phase="Running") == 1
     # Without the spec at hand (a settled run), the parallelism gauge is left alone.
     m.observe_status("ns", "conv", {**status, "phase": "Succeeded"})
     assert value(m, "fleettune_trials_parallelism", **a100) == 4

@@ -124,6 +124,8 @@ def test_a_driver_upgrade_starts_a_pinned_round_and_drops_the_old_rounds_trials(
 
 def test_a_pool_whose_nodes_are_gone_waits_unschedulable_and_resumes() -> None:
     f = fleet()
+    f.node_wait_s = 0  # no waiting for an autoscaler
+    f.planner = f.new_planner()
     f.set_nodes({})
     plan = f.step()
     assert not plan.create and f.target()["phase"] == "Unschedulable"
@@ -133,6 +135,40 @@ def test_a_pool_whose_nodes_are_gone_waits_unschedulable_and_resumes() -> None:
     f.advance(31)  # the pool's search is built once a node is back
     plan = f.step()
     assert f.target()["phase"] == "Running" and plan.create
+
+
+def _degraded(f: FakeFleet) -> bool:
+    assert f.status is not None
+    return next(c for c in f.status["conditions"] if c["type"] == "Degraded")["status"] == "True"
+
+
+def test_a_pool_scaled_to_zero_keeps_one_trial_pending_for_an_autoscaler_then_says_unschedulable() -> None:
+    f = fleet()
+    f.set_nodes({})
+    plan = f.step()
+    assert len(plan.create) == 1, "one pending trial Pod: what a cluster autoscaler scales up for"
+    assert f.target()["phase"] == "Running" and not _degraded(f)
+    assert "yet: 1 trial kept pending for a cluster autoscaler" in f.target()["message"]
+    deadline = plan.create[0]["spec"]["activeDeadlineSeconds"]
+    assert deadline > 600, "waiting for the node must not time the trial out"
+    f.advance(300)
+    assert not f.step().create and f.target()["phase"] == "Running"  # still one pending, no more
+    f.advance(301)
+    f.step()
+    assert f.target()["phase"] == "Unschedulable" and _degraded(f)
+    f.set_nodes({"gpu-0": dict(A100)})  # the autoscaler came late: the pool tunes at full parallelism
+    f.finish()
+    f.advance(31)
+    plan = f.step()
+    assert f.target()["phase"] == "Running" and len(f.running()) == 3 and not _degraded(f)
+    assert f.run().phase == "Succeeded"
+
+
+def test_a_pool_whose_gpu_is_unknown_does_not_wait_for_nodes() -> None:
+    spec = {**SPEC, "targets": [{"name": "a100", "nodeSelector": {"pool": "ghost"}}]}
+    f = FakeFleet(spec=spec, measure=timed, nodes={})
+    plan = f.step()
+    assert not plan.create and f.target()["phase"] == "Unschedulable"
 
 
 def test_infrastructure_failures_fail_the_pool_with_the_last_cause_and_record_no_invalid_config() -> None:

@@ -1,13 +1,25 @@
-"""`fleettune report`: per-pool summary, convergence curve, table and HTML from a status and records."""
+"""`fleettune report`: per-pool summary, convergence curve, table and HTML from a status and records;
+the table and JSON without matplotlib (a plain install), the figure with the `report` extra."""
 
 from __future__ import annotations
 
 import io
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
-from fleettune.report import best_so_far, figure_png, pool_reports, print_table, render_html
+from fleettune.report import (
+    FigureUnavailable,
+    best_so_far,
+    figure_png,
+    main,
+    pool_reports,
+    print_table,
+    render_html,
+)
 from fleettune.results import TrialRecord
 from fleettune.status import run_status, target_status
 from fleettune_job.protocol import Fingerprint, Outcome
@@ -99,3 +111,86 @@ def test_html_is_self_contained_and_escaped(run: dict, records: list[TrialRecord
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert '{&quot;bx&quot;: 64}' in page  # the best configuration, shown as JSON
     assert page.count("<h2>") == 4  # convergence, two pools, conditions
+
+
+# ---------------------------------------------------------------------- the command without matplotlib
+
+
+@pytest.fixture
+def stored(monkeypatch: pytest.MonkeyPatch, run: dict, records: list[TrialRecord]) -> list[tuple]:
+    """`fleettune report` reads this run and these records instead of a cluster's."""
+    from fleettune import store
+
+    calls: list[tuple] = []
+
+    def read_run(name, namespace=None, kubeconfig=None, context=None):
+        calls.append((name, namespace))
+        return run, records, "ns"
+
+    monkeypatch.setattr(store, "read_run", read_run)
+    return calls
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As after a plain `pip install fleettune`: `import matplotlib` fails (also when a test
+    before this one imported it)."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError):
+        import matplotlib  # noqa: F401
+
+
+def test_without_matplotlib_the_report_prints_its_table(no_matplotlib, stored, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["conv", "-n", "ns"]) == 0
+    out, err = capsys.readouterr()
+    a100_line = next(line for line in out.splitlines() if "a100" in line and "ms" in line)
+    assert "0.9 ms" in a100_line and "bx=64" in a100_line
+    assert not err and not list(tmp_path.iterdir())  # a table, no file
+    assert stored == [("conv", "ns")]
+
+
+def test_without_matplotlib_the_report_prints_json(no_matplotlib, stored, capsys):
+    assert main(["conv", "--json"]) == 0
+    pools = json.loads(capsys.readouterr().out)
+    assert [(p["pool"], p["bestMs"]) for p in pools] == [("a100", 0.9), ("orin", None)]
+
+
+@pytest.mark.parametrize("flag", ["--html", "--png"])
+def test_without_matplotlib_a_figure_request_names_the_extra(no_matplotlib, stored, capsys, tmp_path, flag):
+    out_file = tmp_path / "r.out"
+    assert main(["conv", flag, str(out_file)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1, err
+    assert err.startswith(f"fleettune report: {flag}: ") and "pip install 'fleettune[report]'" in err
+    assert "matplotlib" in err
+    assert not out_file.exists()
+    assert stored == []  # said before reading the cluster
+
+
+def test_without_matplotlib_the_figure_function_raises_the_same_error(no_matplotlib, run, records):
+    with pytest.raises(FigureUnavailable, match=r"pip install 'fleettune\[report\]'"):
+        figure_png(pool_reports(run["status"], records), records)
+
+
+def test_with_matplotlib_html_and_png_are_written(stored, capsys, tmp_path):
+    html, png = tmp_path / "r.html", tmp_path / "r.png"
+    assert main(["conv", "--html", str(html), "--png", str(png)]) == 0
+    assert "data:image/png;base64," in html.read_text() and png.read_bytes()[:4] == b"\x89PNG"
+    assert "0.9 ms" in capsys.readouterr().out
+
+
+def test_the_report_module_does_not_import_matplotlib():
+    """`fleettune report`'s module loads on a plain install; only the figure needs the extra."""
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "import fleettune.cli, fleettune.report\n"
+            "assert 'matplotlib' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+            "try:\n"
+            "    fleettune.cli.main(['report', '--help'])\n"
+            "except SystemExit as exc:\n"
+            "    assert exc.code == 0, exc.code\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fleettune[report]" in proc.stdout

@@ -141,3 +141,44 @@ def test_a_write_lost_to_a_connection_error_leaves_the_records_to_be_offered_aga
     assert (rec.round, rec.target, rec.index) not in store and store.records == []
     assert store.append([rec]) == [rec]
     assert (rec.round, rec.target, rec.index) in store and len(core.written) == 1
+
+
+def _conditions(phase, reason, message="", generation=1, previous=None):
+    st = target_status(name="a", phase="Running", budget=4, records=[], running=1)
+    status = run_status(previous=previous, generation=generation, phase=phase, targets=[st], results=None,
+                        reason=reason, message=message)
+    return status, {c.type: c for c in status.conditions}
+
+
+def test_kstatus_reads_reconciling_while_pending_or_running_and_stalled_once_failed():
+    expected = {  # phase: (Ready, Reconciling, Stalled)
+        "Pending": ("False", "True", "False"),
+        "Running": ("False", "True", "False"),
+        "Succeeded": ("True", "False", "False"),
+        "Failed": ("False", "False", "True"),
+    }
+    for phase, (ready, reconciling, stalled) in expected.items():
+        _, c = _conditions(phase, f"Why{phase}", f"because {phase}", generation=4)
+        assert (c["Ready"].status, c["Reconciling"].status, c["Stalled"].status) == (ready, reconciling, stalled), phase
+        assert all(cond.observed_generation == 4 for cond in c.values()), phase
+        if reconciling == "True":  # what kstatus and Flux show while it waits
+            assert (c["Reconciling"].reason, c["Reconciling"].message) == (f"Why{phase}", f"because {phase}")
+        else:
+            assert c["Reconciling"].reason == "Finished"
+        if stalled == "True":  # Ready's reason and message: why it failed
+            assert (c["Stalled"].reason, c["Stalled"].message) == (c["Ready"].reason, c["Ready"].message)
+            assert c["Stalled"].reason == "WhyFailed"
+        else:
+            assert (c["Stalled"].reason, c["Stalled"].message) == ("AsExpected", "")
+
+
+def test_a_failed_run_that_is_fixed_stops_being_stalled_and_keeps_one_condition_per_type():
+    failed, c = _conditions("Failed", "InvalidSpec", "spec.targets[0]: bad", generation=1)
+    stalled_at = c["Stalled"].last_transition_time
+    again, c = _conditions("Failed", "InvalidSpec", "spec.targets[0]: bad", generation=1, previous=failed)
+    assert c["Stalled"].last_transition_time == stalled_at
+    fixed, c = _conditions("Running", "Tuning", generation=2, previous=again)
+    assert c["Stalled"].status == "False" and c["Reconciling"].status == "True"
+    assert all(cond.observed_generation == 2 for cond in c.values()) and fixed.observed_generation == 2
+    types = [cond.type for cond in fixed.conditions]
+    assert len(types) == len(set(types))  # status.conditions is a map keyed by type in the CRD

@@ -1,19 +1,59 @@
-{{- define "fleettune.name" -}}{{ .Release.Name | trunc 53 | trimSuffix "-" }}-fleettune{{- end -}}
+{{- /* Names. Kubernetes allows 63 characters in a label value and in a Service name (a DNS
+       label), so every name the chart makes fits in 63, whatever the release name (Helm
+       allows 53). The usual helpers: `helm install fleettune` gives `fleettune`, not
+       `fleettune-fleettune` (a release name that contains the chart's name is used alone). */ -}}
+{{- define "fleettune.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fleettune.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The fullname with a suffix (list . "metrics"): the fullname is cut so that the suffix,
+       which tells the objects apart, always survives. */ -}}
+{{- define "fleettune.suffixed" -}}
+{{- $ctx := index . 0 -}}{{- $suffix := index . 1 -}}
+{{- $room := int (sub 62 (len $suffix)) -}}
+{{- printf "%s-%s" (include "fleettune.fullname" $ctx | trunc $room | trimSuffix "-") $suffix -}}
+{{- end -}}
+
+{{- /* A name of at most 63 characters that stands for a longer one: itself when it fits,
+       else its first characters and a hash of all of it (as fleettune.names.label_value does),
+       so that two long names that share their beginning stay apart. */ -}}
+{{- define "fleettune.bounded" -}}
+{{- if le (len .) 63 -}}{{ . }}{{- else -}}
+{{- printf "%s-%s" (trunc 52 . | trimSuffix "-") (sha256sum . | trunc 10) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "fleettune.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 
 {{- define "fleettune.selectorLabels" -}}
-app.kubernetes.io/name: fleettune
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "fleettune.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
 {{- define "fleettune.labels" -}}
 {{ include "fleettune.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | trunc 63 | trimSuffix "-" | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ include "fleettune.chart" . }}
 {{- end -}}
 
 {{- define "fleettune.serviceAccountName" -}}
-{{- .Values.serviceAccount.name | default (include "fleettune.name" .) -}}
+{{- .Values.serviceAccount.name | default (include "fleettune.fullname" .) -}}
 {{- end -}}
 
 {{- /* Comma-separated watched namespaces (namespaced mode only). */ -}}
@@ -26,6 +66,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if $img.digest }}{{ $img.repository }}@{{ $img.digest }}{{ else }}{{ $img.repository }}:{{ $img.tag | default .Chart.AppVersion }}{{ end -}}
 {{- end -}}
 
+{{- /* Secret names from a list of names or of {name: ...} objects (both forms are accepted). */ -}}
+{{- define "fleettune.secretNames" -}}
+{{- $names := list -}}
+{{- range . -}}
+{{- if kindIs "map" . }}{{ $names = append $names .name }}{{ else }}{{ $names = append $names . }}{{ end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
 {{- /* The rules the operator needs on objects in a namespace it watches: shared by the
        namespaced Roles and the cluster-wide ClusterRole so that both modes grant the same. */ -}}
 {{- define "fleettune.namespacedRules" -}}
@@ -36,6 +85,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [fleettune.dev]
   resources: [tuningruns/status]
   verbs: [get, patch]
+# Trial Jobs name their run as owner with blockOwnerDeletion; where the
+# OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift), setting that
+# needs update on the owner's finalizers subresource. Nothing else: no update of the runs.
+- apiGroups: [fleettune.dev]
+  resources: [tuningruns/finalizers]
+  verbs: [update]
 # One Job per trial: created, watched (wakes the loop), deleted once its record is stored.
 - apiGroups: [batch]
   resources: [jobs]

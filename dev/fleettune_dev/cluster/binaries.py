@@ -26,6 +26,8 @@ KUBE_VERSION = "v1.34.10"
 ETCD_VERSION = "v3.5.33"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.19.5"
+# Prometheus 3.x publishes its Go module as v0.3MM.P for release 3.MM.P.
+PROMETHEUS_VERSION = "v0.316.0"
 
 # The staging modules of k8s.io/kubernetes 1.34 (from its go.mod `=> ./staging` lines).
 _STAGING = (
@@ -86,14 +88,16 @@ def build_log(label: str) -> Path:
     return cache_root() / "logs" / f"build-{label}.log"
 
 
-def _run(cmd: list[str], cwd: Path, progress: Progress, label: str, log: Path) -> None:
+def _run(cmd: list[str], cwd: Path, progress: Progress, label: str, log: Path,
+         env: dict[str, str] | None = None) -> None:
     started = time.monotonic()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)} (in {cwd})\n")
         out.flush()
         proc = subprocess.Popen(
-            cmd, cwd=cwd, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd, cwd=cwd, env={**_go_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
         )
         assert proc.stdout is not None
         tail: list[str] = []
@@ -262,6 +266,49 @@ def ensure_helm(progress: Progress | None = None) -> Path:
     gomod = f"module local.test/helmbin\n\ngo 1.24.0\n\nrequire {pkg} {HELM_VERSION}\n"
     _build_module(root / "src" / "helmbin", gomod, [f"{pkg}/cmd/helm"], out, ldflags, say, f"helm {HELM_VERSION}")
     return out / "helm"
+
+
+def prometheus_release(version: str = PROMETHEUS_VERSION) -> str:
+    """The Prometheus release of a Go module version: v0.316.0 -> 3.16.0."""
+    minor, patch = version.removeprefix("v0.").split(".")
+    return f"{int(minor) // 100}.{int(minor) % 100}.{patch}"
+
+
+def ensure_promtool(progress: Progress | None = None) -> Path:
+    """Return the cached promtool (Prometheus's own checker), building it on first use.
+
+    Built with ``go install pkg@version`` (Prometheus's go.mod has no replace lines) and the
+    ``remove_all_sd`` tag of Prometheus's Makefile: the service-discovery plugins (cloud SDKs)
+    are left out, which `check metrics`, `check rules` and `test rules` never use, so only the
+    modules that promtool's other packages import are downloaded.
+    """
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    root = cache_root()
+    out = root / "bin" / f"promtool-{PROMETHEUS_VERSION}"
+    if (out / "promtool").exists():
+        return out / "promtool"
+    if shutil.which("go") is None:
+        raise RuntimeError("promtool: Go is required to build it (https://go.dev/dl)")
+    label = f"promtool {PROMETHEUS_VERSION}"
+    started = time.monotonic()
+    log = build_log("promtool")
+    log.unlink(missing_ok=True)
+    say(f"building {label} from the Go module proxy (first use only; log: {log})")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    common = "github.com/prometheus/common/version"
+    ldflags = f"-s -w -X {common}.Version={prometheus_release()} -X {common}.Branch=HEAD"
+    work = root / "src"
+    work.mkdir(parents=True, exist_ok=True)
+    # `go install pkg@version` builds outside any module, where -mod=mod (from _go_env) is refused.
+    _run(["go", "install", "-v", "-pgo=off", "-tags", "remove_all_sd", "-ldflags", ldflags,
+          f"github.com/prometheus/prometheus/cmd/promtool@{PROMETHEUS_VERSION}"],
+         work, say, label, log, env={"GOBIN": str(tmp), "GOFLAGS": "-trimpath -buildvcs=false"})
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    say(f"built {label} in {(time.monotonic() - started) / 60:.1f} min")
+    return out / "promtool"
 
 
 def ensure_binaries(progress: Progress | None = None) -> Binaries:

@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="start the cluster (or whatever part of it is not running)")
     up.add_argument("--fleet", type=Path, default=None,
                     help="fleet file (YAML) describing the GPU node pools (default: the demo fleet, "
-                    "see examples/fleet.yaml)")
+                    "dev/fleettune_dev/data/fleet-demo.yaml in a checkout, a commented example)")
     sub.add_parser("down", parents=[common], help="stop every component and the services started with it (the "
                    "demo's simulator and operator) and delete the state directory")
     st = sub.add_parser("status", parents=[common], help="what runs, on which ports, and the nodes of each pool")

@@ -378,6 +378,9 @@ class LocalCluster:
                     # Fake pods need no token; this also avoids racing the creation of each
                     # namespace's default ServiceAccount.
                     "--disable-admission-plugins=ServiceAccount",
+                    # On in OpenShift: an ownerReference that blocks its owner's deletion
+                    # needs `update` on the owner's finalizers (trial Jobs set one).
+                    "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
                     "--allow-privileged=true", "--profiling=false"]
         # No --authentication/authorization-kubeconfig: their serving endpoints are only used
         # for /healthz (always allowed), and delegated auth would poll for a front-proxy CA

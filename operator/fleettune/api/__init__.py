@@ -8,8 +8,9 @@ that need the search-space library (constraint expressions, value types, device 
 are done by the operator and reported in a status condition naming the field.
 
 The models are split by part of the object: `spec` (what to tune), `status` (what the
-operator reports), `base` (their camelCase base model and shared bounds); every name is
-importable from `fleettune.api`.
+operator reports), `base` (their camelCase base model and shared bounds), `kubernetes`
+(the schemas of the Kubernetes types the spec embeds, generated from an API server's
+OpenAPI); every name is importable from `fleettune.api`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from fleettune.api.spec import (
     DNS_SUBDOMAIN,
     IDENTIFIER,
     MAX_PROBLEM_SIZES,
+    MAX_PULL_SECRETS,
+    Affinity,
     ArgumentDtype,
     ArgumentSpec,
     BudgetSpec,
@@ -38,6 +41,7 @@ from fleettune.api.spec import (
     Expression,
     JobTemplateSpec,
     KernelSpec,
+    LocalObjectReference,
     ObjectiveSpec,
     ParameterSpec,
     ParameterType,
@@ -49,6 +53,7 @@ from fleettune.api.spec import (
     StrategyName,
     StrategySpec,
     TargetSpec,
+    Toleration,
     TuningRunSpec,
     VerificationSpec,
 )
@@ -88,7 +93,9 @@ __all__ = [
     "IDENTIFIER",
     "MAX_PREDICTIONS",
     "MAX_PROBLEM_SIZES",
+    "MAX_PULL_SECRETS",
     "MAX_TUNED_TARGETS",
+    "Affinity",
     "ArgumentDtype",
     "ArgumentSpec",
     "BudgetSpec",
@@ -99,6 +106,7 @@ __all__ = [
     "Fingerprint",
     "JobTemplateSpec",
     "KernelSpec",
+    "LocalObjectReference",
     "Model",
     "ObjectiveSpec",
     "ParameterSpec",
@@ -117,6 +125,7 @@ __all__ = [
     "TargetPhase",
     "TargetSpec",
     "TargetStatus",
+    "Toleration",
     "TrialCounts",
     "TunedFor",
     "TuningRun",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema
 
+from fleettune.api import kubernetes
 from fleettune.api.base import CEL, MAX_PREDICTIONS, MAX_TUNED_TARGETS, Model
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -25,6 +26,18 @@ ArgumentDtype = Literal[
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
 ]
 CONFIG_MAP_KEY = r"^[-._a-zA-Z0-9]+$"
+
+# Kubernetes types kept as plain dicts in code (the operator hands them to the Pod as they
+# are), with their real schemas in the CRD, so that the API server rejects a typo in them.
+Affinity = Annotated[dict[str, Any], WithJsonSchema(kubernetes.AFFINITY)]
+Toleration = Annotated[dict[str, Any], WithJsonSchema(kubernetes.TOLERATION)]
+MAX_PULL_SECRETS = 16
+
+
+class LocalObjectReference(Model):
+    """An object of the run's namespace, by name."""
+
+    name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN, description="The object's name.")
 
 
 class ArgumentSpec(Model):
@@ -247,14 +260,22 @@ class TargetSpec(Model):
     node_selector: dict[str, str] | None = Field(
         default=None, description="Labels of the pool's nodes (e.g. nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB)."
     )
-    affinity: dict[str, Any] | None = Field(default=None, description="Pod affinity of the pool's trial Pods.")
-    tolerations: list[dict[str, Any]] | None = Field(
-        default=None, max_length=32, description="Tolerations of the pool's trial Pods (e.g. GPU node taints)."
+    affinity: Affinity | None = Field(
+        default=None, description="Affinity of the pool's trial Pods (a Pod's spec.affinity)."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, max_length=32,
+        description="Tolerations of the pool's trial Pods (a Pod's spec.tolerations; e.g. GPU node taints).",
     )
     runtime_class_name: str | None = Field(
         default=None, max_length=253, description="Runtime class of the trial Pods (e.g. nvidia on Jetson)."
     )
     image: str | None = Field(default=None, max_length=512, description="Job image for this pool (e.g. arm64).")
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, max_length=MAX_PULL_SECRETS,
+        description="Secrets (in the run's namespace) to pull this pool's image with, added to "
+        "jobTemplate.imagePullSecrets.",
+    )
     device: str | None = Field(
         default=None, max_length=128,
         description="GPU product for device limits in constraints; default: read from the pool's node labels.",
@@ -281,6 +302,17 @@ class JobTemplateSpec(Model):
         description="Backstop cleanup of finished trial Jobs (the operator deletes them once recorded).",
     )
     backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, max_length=MAX_PULL_SECRETS,
+        description="Secrets (in the run's namespace) to pull the job image with, added to those the operator's "
+        "configuration sets for every trial Pod.",
+    )
+    service_account_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN,
+        description="ServiceAccount of the trial Pods (its token is never mounted); default: the operator's "
+        "(FLEETTUNE_TRIAL_SERVICE_ACCOUNT), else the namespace's default. Only the ServiceAccounts the operator's "
+        "configuration allows (the chart value trialPolicy.allowedServiceAccounts) are accepted.",
+    )
 
 
 class PublishSpec(Model):

@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fleettune.api import TargetSpec
-from fleettune.controller.pool import Pool
+from fleettune.controller.lifecycle import PoolPhase
+from fleettune.controller.pool import Pool, iso_time
 from fleettune.fingerprint import FT_PRODUCT, GFD_PRODUCT, PoolFingerprint, pool_fingerprint
 
 PRODUCT_LABELS = (GFD_PRODUCT, FT_PRODUCT)
@@ -36,7 +37,9 @@ def product_of(pool: Pool, nodes: list[Node] | None) -> str | None:
         for key in PRODUCT_LABELS:
             if labels.get(key):
                 return labels[key]
-    return None
+    # No node yet (a pool scaled to zero): the product its node selector asks for.
+    selector = pool.spec.node_selector or {}
+    return next((selector[key] for key in PRODUCT_LABELS if selector.get(key)), None)
 
 
 def compute_capability(pool: Pool) -> str | None:
@@ -52,6 +55,29 @@ def compute_capability(pool: Pool) -> str | None:
 
 
 NODES_MAX_AGE_S = 15.0
+# A pool scaled to zero: how long it waits for a node, and how many trials it keeps pending.
+DEFAULT_NODE_WAIT_S = 600.0
+PENDING_WITHOUT_NODES = 1
+
+
+def waits_for_nodes(pool: Pool, selector: str, wall: float, node_wait_s: float) -> bool:
+    """Whether a pool none of whose nodes exist (scaled to zero) tunes on, keeping a trial
+    pending so that a cluster autoscaler sees a Pod to add a node for, until `node_wait_s`
+    has passed; says so in its message. Only when its GPU is known (`targets[].device`, or
+    a product label in its node selector): the search space needs the device's limits."""
+    if node_wait_s <= 0 or product_of(pool, None) is None:
+        return False
+    since = pool.nodes_missing_since = pool.nodes_missing_since or wall
+    until = since + node_wait_s
+    if wall >= until:
+        return False
+    message = (f"no node matches {selector} yet: {PENDING_WITHOUT_NODES} trial kept pending for a "
+               f"cluster autoscaler, until {iso_time(until)}")
+    if pool.phase == PoolPhase.UNSCHEDULABLE:
+        pool.move(PoolPhase.RUNNING, message)
+    else:  # Pending keeps it when its search is built
+        pool.message = message
+    return True
 
 
 class FleetView:

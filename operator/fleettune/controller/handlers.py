@@ -16,13 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from fleettune import GROUP, PLURAL, VERSION
+from fleettune.admission import TrialPolicy
 from fleettune.controller.kube import Kube
+from fleettune.controller.planner import DEFAULT_NODE_WAIT_S
 from fleettune.controller.tuner import RunLoop
 from fleettune.controller.watch import EndedPods, WatchCache
 from fleettune.fingerprint import relevant_labels
@@ -36,9 +40,28 @@ FINISHED_WAKEUP_S = 300.0
 FAILED_BACKOFF_MAX_S = 60.0  # consecutive failed steps wait 5, 10, 20 ... up to this
 
 
+NODE_WAIT_ENV = "FLEETTUNE_NODE_WAIT_SECONDS"
+
+
+def node_wait_from_env() -> float:
+    """How long a pool with no node waits, trials pending, for an autoscaler (0: not at all)."""
+    raw = os.environ.get(NODE_WAIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_NODE_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{NODE_WAIT_ENV}={raw!r}: expected a number of seconds >= 0")
+    return value
+
+
 @dataclass
 class OperatorState:
     metrics: Metrics = field(default_factory=Metrics.unregistered)
+    node_wait_s: float = field(default_factory=node_wait_from_env)
+    trial_policy: TrialPolicy = field(default_factory=TrialPolicy.from_env)  # a bad setting stops the start
     # Fed by job_event (whose filter is the managed-by label), node_event and pod_event.
     jobs: WatchCache = field(default_factory=lambda: WatchCache(required={MANAGED_BY: MANAGER}))
     nodes: WatchCache = field(default_factory=WatchCache)
@@ -169,7 +192,8 @@ async def tune(body: kopf.Body, uid: str, name: str, namespace: str | None, stop
     wake = state.wakers.setdefault(uid, asyncio.Event())
     key = (namespace, run_label(name))
     state.run_uids[key] = uid
-    loop = RunLoop(state.kube, body, logger, lambda: state.node_epoch, state.metrics)
+    loop = RunLoop(state.kube, body, logger, lambda: state.node_epoch, state.metrics, state.node_wait_s,
+                   state.trial_policy)
     failures = 0
     try:
         while not stopped:

@@ -16,19 +16,25 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy
 from fleettune.api import TuningRunSpec, TuningRunStatus
-from fleettune.controller.fleet import FleetView, compute_capability, product_of
+from fleettune.controller.fleet import (
+    DEFAULT_NODE_WAIT_S,
+    PENDING_WITHOUT_NODES,
+    FleetView,
+    compute_capability,
+    product_of,
+    waits_for_nodes,
+)
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.plan import Job, Observed, Plan, Suggested, collect, job_labels, trial_of
 from fleettune.controller.pool import Pool, build_search, make_study
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, parse_spec, retune_key, space_hash
-from fleettune.fingerprint import GpuFingerprint, describe_change, eligibility_affinity, is_stale, pinning_selector
+from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
 from fleettune.jobs import render_job
 from fleettune.kernelcheck import KernelSpecError, check_kernel, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
@@ -41,19 +47,14 @@ NODE_RECHECK_S = 30.0
 
 
 
-def _epoch(iso: str | None) -> float | None:
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
-    except ValueError:
-        return None
-
-
 class Planner:
     """One run's tuning decisions and the state they need between steps."""
 
-    def __init__(self, name: str, namespace: str, uid: str,
-                 log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+    def __init__(self, name: str, namespace: str, uid: str, log: logging.Logger | logging.LoggerAdapter[Any],
+                 node_wait_s: float = DEFAULT_NODE_WAIT_S, policy: TrialPolicy | None = None) -> None:
         self.name, self.namespace, self.uid, self.log = name, namespace, uid, log
+        # The operator's settings, read once at its start (None: from the environment, per spec).
+        self.node_wait_s, self.policy = node_wait_s, policy
         self.pools: dict[str, Pool] = {}
         self.spec: TuningRunSpec | None = None
         self.spec_generation: int | bool | None = False  # False: never configured
@@ -89,18 +90,6 @@ class Planner:
             self.started = True
         self.restored = {t.name: t for t in (previous.targets if previous else [])}
 
-    def _restore_pool(self, pool: Pool, records: Sequence[TrialRecord]) -> None:
-        old = self.restored.get(pool.key)
-        rounds = [r.round for r in pool.records(records, all_rounds=True)]
-        pool.round = max([old.round if old else 1, *rounds])
-        if old is not None:
-            if old.tuned_for is not None:
-                pool.tuned_for = GpuFingerprint.from_status(old.tuned_for)
-            pool.stale = old.stale
-            if old.phase in (PoolPhase.SUCCEEDED, PoolPhase.FAILED):
-                pool.phase, pool.message = PoolPhase(old.phase), old.message
-            pool.round_started = _epoch(old.round_started_at)
-
     # ------------------------------------------------------------------ the spec
 
     def configure(self, generation: int | None, raw: Mapping[str, Any], records: Sequence[TrialRecord]) -> None:
@@ -114,7 +103,7 @@ class Planner:
             spec = parse_spec(raw)
             check_kernel(spec)
             check_node_selectors(spec)
-            check_trial_policy(spec, TrialPolicy.from_env())
+            check_trial_policy(spec, self.policy or TrialPolicy.from_env())
         except (SpecError, KernelSpecError) as exc:
             self.spec, self.spec_error, self.spec_reason = None, str(exc), "InvalidSpec"
             return
@@ -138,7 +127,7 @@ class Planner:
                         spec=target, seed=spec.strategy.seed + 7919 * i + 613 * j, key=key,
                         problem_size=size, after=tuple(keys[:j]),
                     )
-                    self._restore_pool(pool, records)
+                    pool.restore(self.restored.get(key), records)
                 else:
                     pool.spec = target
                     if pool.phase == PoolPhase.SUCCEEDED:
@@ -227,12 +216,19 @@ class Planner:
         assert self.spec is not None
         nodes, pool.current = self.fleet.of(pool.spec)
         if nodes is not None and pool.current is None:
-            if not pool.done:
-                why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
-                selector = bounded(pool.spec.node_selector, 300)
-                pool.move(PoolPhase.UNSCHEDULABLE, f"{why} spec.targets[{pool.spec.name}].nodeSelector {selector}")
-                pool.next_check = obs.mono + NODE_RECHECK_S
+            if pool.done:
+                return False
+            selector = f"spec.targets[{pool.spec.name}].nodeSelector {bounded(pool.spec.node_selector, 300)}"
+            if not nodes and waits_for_nodes(pool, selector, obs.wall, self.node_wait_s):
+                return True
+            why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
+            pool.move(PoolPhase.UNSCHEDULABLE, f"{why} {selector}")
+            pool.next_check = obs.mono + NODE_RECHECK_S
             return False
+        if pool.nodes_missing_since is not None:
+            pool.nodes_missing_since = None
+            if pool.phase == PoolPhase.RUNNING:
+                pool.message = ""
         if pool.phase == PoolPhase.UNSCHEDULABLE:
             pool.move(PoolPhase.RUNNING)
         current = pool.current.fingerprint if pool.current else None
@@ -315,7 +311,7 @@ class Planner:
             earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
             pool.round_started = min(earlier, default=None) or obs.wall
         if pool.phase in (PoolPhase.PENDING, PoolPhase.UNSCHEDULABLE):
-            pool.move(PoolPhase.RUNNING)
+            pool.move(PoolPhase.RUNNING, pool.message if pool.nodes_missing_since is not None else "")
 
     def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
         for pool in self.pools.values():
@@ -358,7 +354,8 @@ class Planner:
         )
         if self._ends(pool, running, plan, pool_verdict(rules, progress)):
             return
-        want = min(budget.parallelism - len(running), budget.trials_per_target - observations - len(running))
+        parallel = budget.parallelism if pool.nodes_missing_since is None else PENDING_WITHOUT_NODES
+        want = min(parallel - len(running), budget.trials_per_target - observations - len(running))
         if want <= 0:
             return
         pending = [trial_of(j).config for j in running]
@@ -393,8 +390,10 @@ class Planner:
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
                 index=index + i, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
-                key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest,
+                key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest, policy=self.policy,
             )
             body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
+            if pool.nodes_missing_since is not None:  # its wait for a node must not time the trial out
+                body["spec"]["activeDeadlineSeconds"] += int(self.node_wait_s)
             plan.create.append(body)
             running.append(body)

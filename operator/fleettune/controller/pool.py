@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune.api import TargetSpec, TargetStatus, TuningRunSpec
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.spec import SpecError
 from fleettune.fingerprint import GpuFingerprint, PoolFingerprint
@@ -27,6 +28,17 @@ from fleettune.results import TrialRecord
 if TYPE_CHECKING:  # the optimiser stack is heavy: loaded when a pool first builds its search
     from fleettune.optimize import Study
     from fleettune.space import SearchSpace
+
+
+def iso_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
+
+
+def _epoch(iso: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -52,6 +64,7 @@ class Pool:
     default_config: dict[str, Any] | None = None
     observed: set[int] = field(default_factory=set)
     next_check: float = 0.0
+    nodes_missing_since: float | None = None  # epoch seconds: none of its nodes exists (scaled to zero)
 
     @property
     def done(self) -> bool:
@@ -63,6 +76,20 @@ class Pool:
 
     def __post_init__(self) -> None:
         self.key = self.key or self.spec.name
+
+    def restore(self, old: TargetStatus | None, records: Iterable[TrialRecord]) -> None:
+        """After a restart: the round from the records and the last status, and from the
+        status the fingerprint tuned for, staleness, a finished phase and the round's start."""
+        rounds = [r.round for r in self.records(records, all_rounds=True)]
+        self.round = max([old.round if old else 1, *rounds])
+        if old is None:
+            return
+        if old.tuned_for is not None:
+            self.tuned_for = GpuFingerprint.from_status(old.tuned_for)
+        self.stale = old.stale
+        if old.phase in (PoolPhase.SUCCEEDED, PoolPhase.FAILED):
+            self.phase, self.message = PoolPhase(old.phase), old.message
+        self.round_started = _epoch(old.round_started_at)
 
     def records(self, records: Iterable[TrialRecord], *, all_rounds: bool = False) -> list[TrialRecord]:
         return [r for r in records if r.target == self.key and (all_rounds or r.round == self.round)]

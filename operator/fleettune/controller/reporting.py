@@ -10,22 +10,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from fleettune.api import TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.lifecycle import PoolPhase
-from fleettune.controller.pool import Pool
+from fleettune.controller.pool import Pool, iso_time
 from fleettune.results import TrialRecord
 from fleettune.status import TOP_K, fit_status, run_status, status_budget, target_status
 
 Event = tuple[str, str, str]  # (type, reason, message)
 
 PREDICT_EVERY_S = 30.0
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -72,7 +67,7 @@ class Reporter:
             if pool.key != pool.spec.name:
                 update["target"] = pool.spec.name
             if pool.round_started:
-                update["round_started_at"] = _iso(pool.round_started)
+                update["round_started_at"] = iso_time(pool.round_started)
             targets.append(status.model_copy(update=update))
         for t in targets:
             if self.announced.get(t.name, PoolPhase.PENDING.value) != t.phase:

@@ -56,7 +56,10 @@ def main(argv: list[str]) -> int:
     from fleettune.controller.handlers import OperatorState  # importing it registers the handlers
     from fleettune.metrics import operator_metrics, start_http_server
 
-    state = OperatorState(metrics=operator_metrics())
+    try:
+        state = OperatorState(metrics=operator_metrics())
+    except ValueError as exc:  # a bad setting in the operator's environment (the chart's values)
+        parser.error(str(exc))
     if args.metrics_port:
         start_http_server(state.metrics, args.metrics_port, args.metrics_address)
     priority = args.priority

@@ -20,10 +20,11 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from fleettune import GROUP, KIND, VERSION
+from fleettune.admission import TrialPolicy
 from fleettune.api import TuningRunSpec, TuningRunStatus
 from fleettune.controller.kube import Kube
 from fleettune.controller.plan import Observed, Plan, pods_needed
-from fleettune.controller.planner import Planner
+from fleettune.controller.planner import DEFAULT_NODE_WAIT_S, Planner
 from fleettune.controller.publisher import Publisher, entries
 from fleettune.controller.reporting import Report
 from fleettune.jobs import run_selector
@@ -44,13 +45,15 @@ class RunLoop:
         logger: logging.Logger | logging.LoggerAdapter[Any],
         node_epoch: Callable[[], int] = lambda: 0,
         metrics: Metrics | None = None,
+        node_wait_s: float = DEFAULT_NODE_WAIT_S,
+        policy: TrialPolicy | None = None,
     ) -> None:
         meta = body["metadata"]
         self.kube, self.body, self.log, self.node_epoch = kube, body, logger, node_epoch
         self.metrics = metrics if metrics is not None else Metrics.unregistered()
         self.name, self.namespace, self.uid = meta["name"], meta["namespace"], meta["uid"]
         self.store = ResultsStore(kube.core, self.namespace, self.name, self.uid)
-        self.planner = Planner(self.name, self.namespace, self.uid, logger)
+        self.planner = Planner(self.name, self.namespace, self.uid, logger, node_wait_s, policy)
         self.publisher = Publisher(kube, self.namespace, self.name, self.uid, logger)
         self.last_status: dict[str, Any] | None = None
         self.loaded = False
@@ -83,6 +86,10 @@ class RunLoop:
             planner.restore(self._previous_status())
             self.loaded = True
         planner.configure(meta.get("generation"), self.body["spec"], self.store.records)
+        if self.last_status is None and not self.body.get("status") and planner.spec is not None:
+            # A status at once, before the first (possibly long) step: GitOps tools (kstatus,
+            # Flux, Argo CD) read a run without one as done.
+            await self._write_status(Report("Pending", [], "Initializing", "setting up the pools' searches"))
         for gone in planner.forgotten:
             self.metrics.forget_target(self.namespace, self.name, gone)
         planner.forgotten.clear()

@@ -5,8 +5,9 @@
     rows = space.enumerate()            # int32 index rows
     space.to_configs(rows[:3])          # [{"block_size_x": 32, ...}, ...]
 
-Kernel Tuner caches are read by `fleettune.space.kernel_tuner` (`fleettune predict --cache`);
-T4 results and T1 specs, in and out, are development tools: `fleettune_dev.interop`.
+Kernel Tuner caches (`fleettune.space.kernel_tuner`) and T4 results (`fleettune.space.t4`), in
+and out: `fleettune predict --cache` reads caches, `fleettune export` writes both. T1 specs are
+read by a development tool, `fleettune_dev.interop`.
 """
 
 from fleettune.space.devices import KNOWN_DEVICES, DeviceLimits, lookup_device

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_support import CHART, VALUES, Helm
+from chart_support import CHART, LONGEST_RELEASE, VALUES, Helm
 
 ROOT = CHART.parents[1]
 VALUE_FILES = sorted(p.name for p in VALUES.glob("*.yaml"))
@@ -59,6 +59,71 @@ def test_renders_well_formed_objects(chart: Helm, values: str) -> None:
         names.add(key)
 
 
+NAME_MAX = 63  # a DNS label (a Service's name) and a label value
+
+
+def _check_names_and_labels(docs: list[dict[str, Any]]) -> None:
+    for d in docs:
+        meta = d["metadata"]
+        assert len(meta["name"]) <= NAME_MAX, f"{d['kind']} {meta['name']} is {len(meta['name'])} characters"
+        labels = dict(meta.get("labels") or {})
+        template = (d.get("spec") or {}).get("template") or {}
+        labels.update((template.get("metadata") or {}).get("labels") or {})
+        for key, value in labels.items():
+            assert len(str(value)) <= NAME_MAX, f"{d['kind']} {meta['name']}: label {key}={value}"
+
+
+@pytest.mark.parametrize("values", ["", *VALUE_FILES])
+def test_a_53_character_release_name_fits(chart: Helm, values: str) -> None:
+    """Helm allows release names of 53 characters; every name and label value the chart
+    makes must still fit in 63 (a Service name is a DNS label)."""
+    assert len(LONGEST_RELEASE) == 53
+    sets = ("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true")
+    docs = chart.template(*([values] if values else []), sets=sets, release=LONGEST_RELEASE,
+                          namespace="a-namespace-name-that-is-long-too")
+    if not values:
+        assert {"Service", "Deployment", "ClusterRole", "ServiceMonitor", "PrometheusRule", "ConfigMap",
+                "NetworkPolicy"} <= {d["kind"] for d in docs}
+    _check_names_and_labels(docs)
+    keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(keys) == len(set(keys)), "cutting names made two objects the same"
+
+
+def test_names_follow_the_usual_helpers(chart: Helm) -> None:
+    def names(release: str, *sets: str) -> set[str]:
+        docs = chart.template(release=release, sets=sets)
+        return {d["metadata"]["name"] for d in docs if d["kind"] in {"Deployment", "ServiceAccount", "Role"}}
+
+    # The README's `helm install fleettune ...`: not fleettune-fleettune.
+    assert names("fleettune") == {"fleettune"}
+    assert names("fleettune-prod") == {"fleettune-prod"}
+    assert names("ft") == {"ft-fleettune"}
+    assert names("ft", "nameOverride=tuner") == {"ft-tuner"}
+    assert names("ft", "fullnameOverride=gpu-tuner") == {"gpu-tuner"}
+    docs = chart.template(release="fleettune")
+    svc = one(docs, "Service")
+    assert svc["metadata"]["name"] == "fleettune-metrics"
+    assert one(docs, "ConfigMap")["metadata"]["name"] == "fleettune-dashboard"
+    # The Service still selects the operator's Pod with an overridden name.
+    docs = chart.template(sets=("nameOverride=tuner",))
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/name"] == "tuner"
+    assert all(pod_labels[k] == v for k, v in one(docs, "Service")["spec"]["selector"].items())
+
+
+def test_long_cluster_scoped_names_stay_apart(chart: Helm) -> None:
+    """ClusterRoles are named after the release and its namespace: two long namespaces that
+    share their beginning get two ClusterRoles, not one cut name."""
+    roles = set()
+    for ns in ("gpu-tuning-with-a-very-long-namespace-name-a", "gpu-tuning-with-a-very-long-namespace-name-b"):
+        docs = chart.template(release=LONGEST_RELEASE, namespace=ns)
+        role, binding = one(docs, "ClusterRole"), one(docs, "ClusterRoleBinding")
+        assert len(role["metadata"]["name"]) <= NAME_MAX
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        roles.add(role["metadata"]["name"])
+    assert len(roles) == 2
+
+
 def test_default_install(chart: Helm) -> None:
     docs = chart.template()
     c = container(docs)
@@ -82,6 +147,12 @@ def test_default_install(chart: Helm) -> None:
     assert all(pod_labels[k] == v for k, v in svc["spec"]["selector"].items())
     assert svc["spec"]["ports"][0]["targetPort"] in {p["name"] for p in c["ports"]}
     assert not by_kind(docs, "ServiceMonitor")  # needs the Prometheus Operator: opt-in
+    assert not by_kind(docs, "PrometheusRule")
+    # Today's fixed UID for the operator and its trials, unless told otherwise.
+    assert (pod_sc["runAsUser"], pod_sc["runAsGroup"], pod_sc["fsGroup"]) == (10001, 10001, 10001)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FLEETTUNE_TRIAL_RUN_AS_USER"] == "10001"
+    assert not {"FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS", "FLEETTUNE_TRIAL_SERVICE_ACCOUNT"} & set(env)
 
 
 def _mib(quantity: str) -> float:
@@ -107,6 +178,56 @@ def test_trial_policy_is_off_by_default_and_set_from_values(chart: Helm) -> None
     env = {e["name"]: e.get("value") for e in container(chart.template(sets=sets))["env"]}
     assert env["FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"] == "true"
     assert env["FLEETTUNE_ALLOWED_IMAGES"] == "docker.io/library/alpine,reg.local/"
+
+
+def test_openshift_leaves_uids_to_the_platform(chart: Helm) -> None:
+    """restricted-v2 assigns UIDs: no runAsUser/runAsGroup/fsGroup in the operator's Pod or (through
+    the operator's environment) its trials; everything else of the restricted profile stays."""
+    docs = chart.template("openshift.yaml")
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    c = container(docs)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["capabilities"]["drop"] == [
+        "ALL"]
+    assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FLEETTUNE_TRIAL_RUN_AS_USER"] == ""
+    assert env["FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS"] == "mirror-pull,team-pull"
+    assert env["FLEETTUNE_TRIAL_SERVICE_ACCOUNT"] == "fleettune-trials"
+    assert env["FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS"] == "gpu-*"
+    assert env["HTTPS_PROXY"] == "http://proxy.example:3128"
+    # The whole Pod security context can go too (null; an empty map is merged with the defaults).
+    pod = one(chart.template(sets=("podSecurityContext=null", "securityContext=null")), "Deployment")
+    assert "securityContext" not in pod["spec"]["template"]["spec"]
+    assert "securityContext" not in pod["spec"]["template"]["spec"]["containers"][0]
+    uid = container(chart.template(sets=("trialPolicy.runAsUser=1000680000",)))
+    assert {e["name"]: e.get("value") for e in uid["env"]}["FLEETTUNE_TRIAL_RUN_AS_USER"] == "1000680000"
+
+
+@pytest.mark.parametrize("values", ["", *VALUE_FILES])
+def test_the_operator_reads_the_trial_policy_the_chart_sets(chart: Helm, values: str) -> None:
+    """The rendered environment goes through the operator's own reader (TrialPolicy.from_env,
+    which refuses to start on a value it cannot read)."""
+    from fleettune.admission import TrialPolicy
+
+    env = {e["name"]: e["value"] for e in container(chart.template(*([values] if values else [])))["env"]
+           if "value" in e}
+    policy = TrialPolicy.from_env(env)
+    if values == "openshift.yaml":
+        assert policy.run_as_user is None
+        assert policy.image_pull_secrets == ("mirror-pull", "team-pull")
+        assert policy.service_account == "fleettune-trials"
+    else:
+        assert policy.run_as_user == 10001 and policy.image_pull_secrets == () and policy.service_account is None
+
+
+def test_the_operator_reads_the_node_wait_the_chart_sets(chart: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleettune.controller.handlers import NODE_WAIT_ENV, node_wait_from_env
+
+    for sets, expected in (((), 600.0), (("nodeWaitSeconds=0",), 0.0), (("nodeWaitSeconds=1800",), 1800.0)):
+        env = {e["name"]: e["value"] for e in container(chart.template(sets=sets))["env"] if "value" in e}
+        monkeypatch.setenv(NODE_WAIT_ENV, env[NODE_WAIT_ENV])
+        assert node_wait_from_env() == expected
 
 
 def test_crd_is_the_generated_one_with_a_keep_policy(chart: Helm) -> None:
@@ -149,6 +270,10 @@ def test_namespaced_rbac(chart: Helm) -> None:
     assert _grants(role_rules, "tuningruns/status") == {"get", "patch"}
     assert _grants(role_rules, "configmaps") == {"get", "list", "watch", "create", "update"}
     assert _grants(role_rules, "pods") == {"get", "list", "watch"}
+    # blockOwnerDeletion on the trial Jobs (OwnerReferencesPermissionEnforcement): update on the
+    # finalizers subresource only, never on the runs themselves.
+    assert _grants(role_rules, "tuningruns/finalizers") == {"update"}
+    assert "update" not in _grants(role_rules, "tuningruns")
     # Cluster-wide, only reads of cluster-scoped objects: no write anywhere else.
     cluster_rules = _rules(docs, "ClusterRole")
     assert {res for _, r in cluster_rules for res in r["resources"]} == {
@@ -170,6 +295,7 @@ def test_clusterwide_rbac(chart: Helm) -> None:
     rules = _rules(docs, "ClusterRole")
     assert _grants(rules, "jobs") == {"get", "list", "watch", "create", "delete"}
     assert _grants(rules, "tuningruns") == {"get", "list", "watch", "patch"}
+    assert _grants(rules, "tuningruns/finalizers") == {"update"}
     args = container(docs)["args"]
     assert "--all-namespaces" in args and "--verbose" in args
     assert not [a for a in args if a.startswith("--namespace")]
@@ -208,6 +334,17 @@ def test_monitoring(chart: Helm) -> None:
     endpoint = sm["spec"]["endpoints"][0]
     assert endpoint["port"] == svc["spec"]["ports"][0]["name"] and endpoint["path"] == "/metrics"
     assert endpoint["interval"] == "15s" and endpoint["metricRelabelings"][0]["action"] == "drop"
+    # The series' own `namespace` (the run's) must win over the target's (the operator's), or
+    # it becomes exported_namespace and same-named runs of two namespaces merge.
+    assert endpoint["honorLabels"] is True
+    off = one(chart.template("monitoring.yaml", sets=("metrics.serviceMonitor.honorLabels=false",)), "ServiceMonitor")
+    assert off["spec"]["endpoints"][0]["honorLabels"] is False
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) == {"FleettuneRunStuck", "FleettunePoolUnschedulable", "FleettuneInfraErrorsRising",
+                           "FleettunePoolStale"}
+    assert all(r["labels"]["team"] == "gpu-platform" for r in alerts.values())
     assert sm["spec"]["namespaceSelector"]["matchNames"] == ["fleettune"]
     cm = one(docs, "ConfigMap")
     assert cm["metadata"]["namespace"] == "monitoring"
@@ -219,6 +356,7 @@ def test_monitoring(chart: Helm) -> None:
 def test_minimal(chart: Helm) -> None:
     docs = chart.template("minimal.yaml")
     assert not by_kind(docs, "Service") and not by_kind(docs, "ConfigMap") and not by_kind(docs, "ServiceAccount")
+    assert not by_kind(chart.template("minimal.yaml", sets=("metrics.prometheusRule.enabled=true",)), "PrometheusRule")
     assert "--metrics-port=0" in container(docs)["args"]
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "platform-fleettune"
     assert {b["subjects"][0]["name"] for b in by_kind(docs, "RoleBinding")} == {"platform-fleettune"}
@@ -239,6 +377,19 @@ def test_minimal(chart: Helm) -> None:
         (("trialPolicy.allowPriviledged=true",), "allowPriviledged"),
         (("trialPolicy.allowPrivileged=yes",), "allowPrivileged"),
         (("trialPolicy.allowedImages={a b}",), "allowedImages"),
+        (("trialPolicy.runAsUser=root",), "runAsUser"),
+        (("trialPolicy.runAsUser=0",), "runAsUser"),
+        (("trialPolicy.imagePullSecrets={a,b c}",), "imagePullSecrets"),
+        (("trialPolicy.serviceAcountName=x",), "serviceAcountName"),
+        (("trialNetworkPolicy.enable=false",), "enable"),
+        (("nameOverride=Tuner_1",), "nameOverride"),
+        (("fullnameOverride=" + "x" * 64,), "fullnameOverride"),
+        (("extraEnv[0].value=x",), "name"),
+        (("podSecurityContext.runAsUser=me",), "runAsUser"),
+        (("metrics.prometheusRule.enable=true",), "enable"),
+        (("metrics.prometheusRule.runStuckAfter=soon",), "runStuckAfter"),
+        (("metrics.prometheusRule.infraErrorRatio=1.5",), "infraErrorRatio"),
+        (("metrics.serviceMonitor.honorLabels=yes",), "honorLabels"),
     ],
 )
 def test_schema_rejects_typos_and_bad_values(chart: Helm, sets: tuple[str, ...], message: str) -> None:
@@ -252,6 +403,29 @@ def test_schema_accepts_the_documented_settings(chart: Helm) -> None:
     # The negative tests above would pass on a chart that rejects everything.
     chart.template(sets=("replicaCount=3", "peering.enabled=true", "metrics.serviceMonitor.labels.release=kps",
                          "dashboard.annotations.grafana_folder=GPU", "jobImage.repository=mirror/job"))
+    # The common values of other charts (issue #19): each accepted and rendered.
+    common = (
+        "nameOverride=tuner", "fullnameOverride=gpu-tuner", "podSecurityContext.runAsUser=2000",
+        "securityContext.runAsNonRoot=true", "extraEnv[0].name=A", "extraEnv[0].value=b",
+        "podAnnotations.team=gpu", "podLabels.tier=ops", "nodeSelector.pool=system",
+        "tolerations[0].key=dedicated", "tolerations[0].operator=Exists", "affinity.nodeAffinity=null",
+        "priorityClassName=system-cluster-critical", "resources.limits.cpu=2", "imagePullSecrets[0].name=regcred",
+        "trialPolicy.runAsUser=null", "trialPolicy.imagePullSecrets={regcred}", "trialPolicy.serviceAccountName=tr",
+        "metrics.prometheusRule.enabled=true", "metrics.prometheusRule.infraErrorRatio=0.5",
+    )
+    docs = chart.template(sets=common)
+    pod = one(docs, "Deployment")["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"team": "gpu"} and pod["metadata"]["labels"]["tier"] == "ops"
+    spec = pod["spec"]
+    assert spec["securityContext"]["runAsUser"] == 2000 and spec["nodeSelector"] == {"pool": "system"}
+    assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert spec["priorityClassName"] == "system-cluster-critical" and spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["containers"][0]["resources"]["limits"]["cpu"] == 2
+    assert {"name": "A", "value": "b"} in spec["containers"][0]["env"]
+    assert one(docs, "Deployment")["metadata"]["name"] == "gpu-tuner"
+    infra = next(r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]
+                 if r["alert"] == "FleettuneInfraErrorsRising")
+    assert ") > 0.5\n" in infra["expr"]
 
 
 def test_values_and_schema_agree() -> None:
@@ -271,6 +445,37 @@ def test_values_and_schema_agree() -> None:
             walk(sub, props[key], f"{path}.{key}")
 
     walk(values, schema, "")
+
+
+def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["namespace"]: d for d in by_kind(docs, "NetworkPolicy")}
+
+
+def test_trial_pods_get_a_default_deny_network_policy(chart: Helm) -> None:
+    """Trials run user-supplied CUDA and need no network (the result goes to the termination
+    log): every Pod the operator creates is cut off, both ways, in every watched namespace."""
+    from fleettune.labels import managed_selector
+
+    docs = chart.template("namespaced.yaml")
+    policies = _policies(docs)
+    assert set(policies) == {"team-a", "team-b"}
+    for policy in policies.values():
+        spec = policy["spec"]
+        assert spec["podSelector"] == {"matchLabels": managed_selector()}  # the labels of trial Pods
+        assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+        assert "ingress" not in spec and "egress" not in spec  # no rule: nothing allowed
+    # ... and never the operator's own Pod (it must reach the API server).
+    operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not all(operator_labels.get(k) == v for k, v in managed_selector().items())
+    assert not by_kind(chart.template("namespaced.yaml", sets=("trialNetworkPolicy.enabled=false",)),
+                       "NetworkPolicy")
+    # Cluster-wide, the namespaces where runs are must be named (none rendered otherwise).
+    assert not by_kind(chart.template("clusterwide.yaml"), "NetworkPolicy")
+    named = _policies(chart.template("clusterwide.yaml", sets=("trialNetworkPolicy.namespaces={gpu-a,gpu-b}",)))
+    assert set(named) == {"gpu-a", "gpu-b"}
+    # An egress the admin allows after all (e.g. a license server).
+    allowed = _policies(chart.template(sets=("trialNetworkPolicy.egress[0].ports[0].port=27000",)))
+    assert allowed["fleettune"]["spec"]["egress"] == [{"ports": [{"port": 27000}]}]
 
 
 def test_chart_files_are_tracked_by_path() -> None:

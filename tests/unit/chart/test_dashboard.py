@@ -9,17 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chart_support import metric_names
 from prometheus_client import CollectorRegistry
 
 from fleettune import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "charts" / "fleettune" / "dashboards" / "fleettune.json"
-
-# PromQL words that look like metric names but are not.
-KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or", "unless",
-    "inf", "nan", "le",
-}
+# Grafana's standard units that fit what the panels show (no made-up ones such as "x").
+UNITS = {"s", "ms", "percentunit", "short", "none", "bytes"}
 
 
 def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -29,23 +26,6 @@ def queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
     for var in dashboard["templating"]["list"]:
         if var["type"] == "query":
             yield f"${var['name']}", var["query"]["query"]
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names in a PromQL expression (or a Grafana label_values() query)."""
-    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings: label values, regexes
-    s = re.sub(r"\{[^}]*\}", "", s)  # label matchers
-    s = re.sub(r"\[[^\]]*\]", "", s)  # range selectors and $__rate_interval
-    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)  # grouping labels
-    s = re.sub(r"label_values\(([^,()]+),[^)]*\)", r"\1", s)  # label_values(metric, label): keep the metric
-    s = re.sub(r"\$\w+", "", s)  # Grafana variables
-    names = set()
-    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
-        word, rest = m.group(0), s[m.end():]
-        if rest.lstrip().startswith("(") or word.lower() in KEYWORDS:
-            continue  # a function or aggregation, or a keyword
-        names.add(word)
-    return names
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +41,9 @@ def test_extractor_finds_metric_names() -> None:
         "fleettune_trial_queue_wait_seconds_bucket", "fleettune_budget_trials", "fleettune_build_info"
     }
     assert metric_names('label_values(fleettune_run_phase{namespace=~"$namespace"}, run)') == {"fleettune_run_phase"}
+    assert metric_names("fleettune_run_phase offset 30m > 0.2 and increase(fleettune_trials_total[1h]) >= 3") == {
+        "fleettune_run_phase", "fleettune_trials_total"
+    }
 
 
 def test_every_query_uses_only_exported_metrics(dashboard: dict[str, Any]) -> None:
@@ -85,7 +68,7 @@ def test_a_typo_would_be_caught(dashboard: dict[str, Any]) -> None:
 def test_dashboard_covers_the_issue(dashboard: dict[str, Any]) -> None:
     used = set().union(*(metric_names(e) for _, e in queries(dashboard)))
     assert {
-        "fleettune_best_objective_milliseconds",  # best-so-far curves
+        "fleettune_best_objective_seconds",  # best-so-far curves
         "fleettune_budget_used_trials",  # ... against trials
         "fleettune_trials_total",  # outcome rates
         "fleettune_trials_in_flight", "fleettune_trials_parallelism",  # fleet utilisation
@@ -105,7 +88,9 @@ def test_dashboard_structure(dashboard: dict[str, Any]) -> None:
     assert len(ids) == len(set(ids))
     assert dashboard["uid"] == "fleettune"
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert {"datasource", "namespace", "run", "target"} <= variables
+    assert {"datasource", "job", "instance", "namespace", "run", "target"} <= variables
+    # Provisioned from the chart's ConfigMap: edits in Grafana would be lost at the next sync.
+    assert dashboard["editable"] is False
     for panel in dashboard["panels"]:
         if panel["type"] == "row":
             continue
@@ -113,3 +98,35 @@ def test_dashboard_structure(dashboard: dict[str, Any]) -> None:
         for target in panel["targets"]:
             for var in re.findall(r"\$(\w+)", target["expr"]):
                 assert var in variables or var.startswith("__"), f"{panel['title']}: unknown ${var}"
+
+
+def test_every_panel_has_a_standard_unit(dashboard: dict[str, Any]) -> None:
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        unit = panel["fieldConfig"]["defaults"].get("unit")
+        assert unit in UNITS, f"{panel['title']}: unit {unit!r}"
+        for override in panel["fieldConfig"].get("overrides", []):
+            for prop in override["properties"]:
+                if prop["id"] == "unit":
+                    assert prop["value"] in UNITS, f"{panel['title']}: override unit {prop['value']!r}"
+    best = [p for p in dashboard["panels"] if any("best_objective" in t["expr"] for t in p.get("targets", []))]
+    assert best and all(p["fieldConfig"]["defaults"]["unit"] == "s" for p in best)  # the metric is in seconds
+
+
+def test_job_and_instance_variables_scope_every_query(dashboard: dict[str, Any]) -> None:
+    """As Grafana's dashboard linter asks: job and instance variables (multi, all = .+) from the
+    templated data source, and every query filtered by them (two operators, two releases)."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    for name in ("job", "instance"):
+        var = variables[name]
+        assert var["type"] == "query" and var["label"] == name and var["multi"] is True
+        assert var["allValue"] == ".+" and var["datasource"]["uid"] == "${datasource}"
+        assert metric_names(var["query"]["query"]) <= metrics.operator_metrics().sample_names()
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert names.index("job") < names.index("instance") < names.index("namespace")  # each scopes the next
+    for where, expr in queries(dashboard):
+        if where in ("$job", "$instance"):
+            continue
+        for selector in re.findall(r"\b(?:fleettune|process)_\w+(\{[^}]*\})?", expr):
+            assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, f"{where}: {expr}"

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from fleettune_dev.cluster.fleet import (
+    DEFAULT_FLEET_FILE,
     POOL_LABEL,
     FleetError,
     default_fleet,
@@ -40,10 +41,14 @@ def test_default_fleet_has_the_three_demo_pools():
     assert len(fleet.node_manifests()) == 6
 
 
-def test_examples_fleet_is_the_packaged_default():
-    example = yaml.safe_load((ROOT / "examples" / "fleet.yaml").read_text())
-    packaged = yaml.safe_load((packaged_data_dir() / "fleet-demo.yaml").read_text())
-    assert example == packaged
+def test_the_demo_fleet_file_is_the_default_and_stays_out_of_examples():
+    """The fleet file is the simulator's, not a Kubernetes object: it is kept with the development
+    tools (what `cluster up --fleet` points to), never under examples/ (`kubectl apply -f examples/`)."""
+    packaged = (packaged_data_dir() / DEFAULT_FLEET_FILE).resolve()
+    assert packaged == (ROOT / "dev" / "fleettune_dev" / "data" / "fleet-demo.yaml").resolve()
+    assert load_fleet(packaged).pool_names() == default_fleet().pool_names()
+    assert not any(doc and doc.get("kind") == "Fleet" for path in (ROOT / "examples").glob("*.yaml")
+                   for doc in yaml.safe_load_all(path.read_text()))
 
 
 def test_gpu_nodes_carry_gfd_labels_and_capacity():

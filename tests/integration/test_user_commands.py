@@ -1,0 +1,98 @@
+"""What a user does with a checkout against a real API server: `kubectl apply -f examples/`
+(every document an object the cluster knows: a server-side dry-run), and `fleettune export`
+of a run's stored results as a Kernel Tuner cache that Kernel Tuner replays."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from kubernetes import client
+
+from fleettune import GROUP, PLURAL, VERSION
+from fleettune.export import main as export_main
+from fleettune.results import TrialRecord
+from fleettune.space import SearchSpace
+from fleettune.store import ResultsStore
+from fleettune_job.protocol import Fingerprint, Outcome
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tuningrun_kind(cluster: Any) -> Iterator[None]:
+    """The TuningRun CRD installed (`operator_support.install_crd`), retried while kubectl 1.34's
+    `wait --for=condition=Established` fails on a CRD whose status has no conditions yet."""
+    from operator_support import install_crd
+
+    from fleettune_dev.cluster.local import ClusterError
+
+    for attempt in range(20):
+        try:
+            install_crd(cluster)
+            break
+        except ClusterError as exc:
+            if "conditions accessor error" not in str(exc) or attempt == 19:
+                raise
+            time.sleep(0.5)
+    yield
+
+
+def test_kubectl_applies_the_examples_folder(cluster: Any, tuningrun_kind: None, namespace: str) -> None:
+    proc = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(ROOT / "examples"), check=False)
+    assert proc.returncode == 0, proc.stderr
+    applied = [line for line in proc.stdout.splitlines() if line.strip()]
+    documents = [doc for path in sorted((ROOT / "examples").glob("*.yaml"))
+                 for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert len(applied) == len(documents), proc.stdout
+    assert all(line.endswith("(server dry run)") for line in applied), proc.stdout
+
+
+def test_export_reads_a_run_from_the_cluster_and_kernel_tuner_replays_it(
+    cluster: Any, tuningrun_kind: None, namespace: str, api_client: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    kernel_tuner = pytest.importorskip("kernel_tuner", reason="Kernel Tuner is in the dev extra")
+    parameters = [{"name": "block_size_x", "type": "ordinal", "values": [32, 64, 128]},
+                  {"name": "tile", "type": "ordinal", "values": [1, 2]}]
+    run = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TuningRun", "metadata": {"name": "exported"},
+           "spec": {"kernel": {"builtin": "gemm", "problemSize": [256, 256]}, "parameters": parameters,
+                    "targets": [{"name": "a100"}]}}
+    created = client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, run)
+    space = SearchSpace.from_spec(parameters, [])
+    fp = Fingerprint(product="NVIDIA A100-SXM4-40GB", simulated=True)
+    times = {}
+    records = []
+    for i, config in enumerate(space.to_configs(space.enumerate())):
+        ms = None if i == 2 else 1.0 + i / 8
+        records.append(TrialRecord(target="a100", index=i, config=config, key=space.key(config),
+                                   outcome=Outcome.OK if ms else Outcome.COMPILE_ERROR, objective=ms,
+                                   times=[ms] * 2 if ms else [], fingerprint=fp))
+        times[(config["block_size_x"], config["tile"])] = ms
+    ResultsStore(client.CoreV1Api(api_client), namespace, "exported", created["metadata"]["uid"]).append(records)
+
+    cache = tmp_path / "exported.json"
+    assert export_main(["exported", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+                        "--format", "kernel-tuner", "-o", str(cache)]) == 0
+    assert f"6 results of {namespace}/exported pool a100 (round 1, NVIDIA A100-SXM4-40GB)" in capsys.readouterr().err
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results, _ = kernel_tuner.tune_kernel(
+            "gemm", "__global__ void gemm(float *c) {}", (256, 256), [np.zeros(1, np.float32)],
+            {"block_size_x": [32, 64, 128], "tile": [1, 2]}, simulation_mode=True, cache=str(cache),
+            strategy="brute_force", quiet=True)
+    assert len(results) == 6
+    for res in results:
+        want = times[(res["block_size_x"], res["tile"])]
+        assert ("__error__" in res) if want is None else res["time"] == pytest.approx(want), res
+    missing = export_main(["absent", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig), "--format", "t4"])
+    assert missing == 1
