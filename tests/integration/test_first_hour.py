@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import time
 from typing import Any
 
@@ -263,6 +262,18 @@ def test_privileged_trials_and_other_images_are_the_operators_to_allow(cluster, 
 
 
 
+def _json_stream(text: str) -> list[dict[str, Any]]:
+    """The objects `kubectl get --watch -o json` printed; the last may be cut off by stopping it."""
+    decoder, out, pos = json.JSONDecoder(), [], 0
+    while (start := text.find("{", pos)) >= 0:
+        try:
+            doc, pos = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            break
+        out.append(doc)
+    return out
+
+
 def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, namespace, simulator, operator,
                                                                        api_client):
     """Issue #19: no fixed UID where the platform assigns one (OpenShift restricted-v2), pull
@@ -297,7 +308,7 @@ def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, 
     finally:
         watch.terminate()
         out, _ = watch.communicate(timeout=30)
-    created = [json.loads(doc) for doc in re.split(r"(?m)^(?=\{)", out) if doc.strip()]
+    created = _json_stream(out)
     pods = {}
     for job in created:
         pods.setdefault(job["metadata"]["labels"][f"{GROUP}/run"], job["spec"]["template"]["spec"])

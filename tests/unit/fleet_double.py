@@ -62,6 +62,7 @@ class FakeFleet:
     node_epoch: int = 0
     status: dict[str, Any] | None = None
     node_wait_s: float = 600.0
+    config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
     planner: Planner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +108,9 @@ class FakeFleet:
     def step(self) -> Plan:
         planner = self.planner
         planner.configure(self.generation, copy.deepcopy(self.spec), self.store.records)
+        if planner.wants_warm_start(self.mono):
+            assert planner.spec is not None and planner.spec.warm_start
+            planner.accept_warm_start([self.config_maps.get(w.config_map) for w in planner.spec.warm_start], self.mono)
         if (blocked := planner.blocked()) is not None:
             return self._report(Plan(report=blocked))
         planner.retune(self.annotations, self.wall)

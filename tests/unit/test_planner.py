@@ -247,3 +247,52 @@ def test_a_retune_request_starts_a_round_but_a_token_a_new_run_carries_does_not(
     f.step()
     assert f.target()["round"] == 2 and "re-tune requested (t1)" in f.target()["message"]
     assert f.run().phase == "Succeeded" and sum(r.round == 2 for r in f.records_of()) == 2
+
+
+def _kernel_tuner_cache(measure: Any) -> str:
+    """A Kernel Tuner cache file of the test space, as Kernel Tuner writes one."""
+    import itertools
+    import json
+
+    params = {p["name"]: p["values"] for p in SPEC["parameters"]}
+    keys = list(params)
+    cache = {}
+    for values in itertools.product(*params.values()):
+        config = dict(zip(keys, values, strict=True))
+        if config["block_size_x"] * config["block_size_y"] > 1024:
+            continue
+        result = measure(config)
+        time: Any = result.objective if result.outcome == Outcome.OK else "CompilationFailedConfig"
+        cache[",".join(str(v) for v in values)] = {**config, "time": time, "times": [time] * 3
+                                                    if result.outcome == Outcome.OK else []}
+    return json.dumps({"device_name": "NVIDIA RTX A4000", "kernel_name": "convolution_kernel",
+                       "tune_params_keys": keys, "tune_params": params, "objective": "time", "cache": cache})
+
+
+def test_a_warm_start_from_a_users_kernel_tuner_cache_is_waited_for_then_primes_the_pools() -> None:
+    spec = {**SPEC, "warmStart": [{"configMap": "kt-cache", "key": "cache.json"}]}
+    f = FakeFleet(spec=spec, measure=timed)
+    plan = f.step()
+    assert plan.report is not None and (plan.report.phase, plan.report.reason) == ("Pending", "SourceNotFound")
+    assert plan.report.message == "spec.warmStart[0].configMap: ConfigMap 'kt-cache' not found"
+    assert not plan.create and not plan.finished
+    f.config_maps["kt-cache"] = {"cache.json": _kernel_tuner_cache(timed)}
+    f.advance(16)  # read again
+    plan = f.step()
+    assert plan.create, plan.report
+    study = f.planner.pools["a100"].study
+    assert study is not None and study.n_prior > 50  # every configuration of the cache in this space
+    assert f.run().phase == "Succeeded"
+
+
+def test_a_warm_start_file_that_cannot_be_read_names_the_field_and_only_listed_targets_use_one() -> None:
+    spec = {**SPEC, "warmStart": [{"configMap": "kt", "key": "cache.json"}]}
+    f = FakeFleet(spec=spec, measure=timed, config_maps={"kt": {"cache.json": "{not json"}})
+    plan = f.step()
+    assert plan.report is not None and (plan.report.phase, plan.report.reason) == ("Failed", "InvalidSpec")
+    assert plan.report.message.startswith("spec.warmStart[0]: not a readable kernel-tuner file")
+    spec = {**SPEC, "warmStart": [{"configMap": "kt", "key": "cache.json", "targets": ["elsewhere"]}]}
+    f = FakeFleet(spec=spec, measure=timed, config_maps={"kt": {"cache.json": _kernel_tuner_cache(timed)}})
+    f.step()
+    study = f.planner.pools["a100"].study
+    assert study is not None and study.n_prior == 0

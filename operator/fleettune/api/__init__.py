@@ -56,6 +56,7 @@ from fleettune.api.spec import (
     Toleration,
     TuningRunSpec,
     VerificationSpec,
+    WarmStartSpec,
 )
 from fleettune.api.status import (
     Condition,
@@ -132,4 +133,5 @@ __all__ = [
     "TuningRunSpec",
     "TuningRunStatus",
     "VerificationSpec",
+    "WarmStartSpec",
 ]

@@ -99,6 +99,24 @@ class VerificationSpec(Model):
     )
 
 
+class WarmStartSpec(Model):
+    """Results you already have, in a ConfigMap of the run's namespace: a Kernel Tuner cache or
+    a T4 results file of the same kernel (another GPU, driver or problem size is fine)."""
+
+    config_map: str = Field(
+        max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap (in the run's namespace) holding the file."
+    )
+    key: str = Field(max_length=253, pattern=CONFIG_MAP_KEY, description="Key of the file in it (JSON text).")
+    format: Literal["kernel-tuner", "t4"] = Field(
+        default="kernel-tuner", description="kernel-tuner: a Kernel Tuner cache file; t4: a T4 results file."
+    )
+    targets: list[Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]] | None = Field(
+        default=None, min_length=1, max_length=16,
+        description="The targets it warm-starts (default: all). Each pool weighs it by how well it agrees with "
+        "the pool's own first results, and drops it when it misleads.",
+    )
+
+
 class SourceRef(Model):
     """User CUDA source held in a ConfigMap of the run's namespace."""
 
@@ -361,6 +379,10 @@ class TuningRunSpec(Model):
     )
     publish: PublishSpec | None = Field(
         default=None, description="Publish the best configuration per pool to a ConfigMap for applications."
+    )
+    warm_start: list[WarmStartSpec] | None = Field(
+        default=None, min_length=1, max_length=8,
+        description="Results you already have (Kernel Tuner caches, T4 files) to start every pool's search from.",
     )
     predict_for: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy
+from fleettune.admission import TrialPolicy
 from fleettune.api import TuningRunSpec, TuningRunStatus
 from fleettune.controller.fleet import (
     DEFAULT_NODE_WAIT_S,
@@ -33,10 +33,11 @@ from fleettune.controller.plan import Job, Observed, Plan, Suggested, collect, j
 from fleettune.controller.pool import Pool, build_search, make_study
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
-from fleettune.controller.spec import SpecError, check_options, parse_spec, retune_key, space_hash
+from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
+from fleettune.controller.warmstart import WarmStarts
 from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
 from fleettune.jobs import render_job
-from fleettune.kernelcheck import KernelSpecError, check_kernel, compile_check
+from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
@@ -64,6 +65,7 @@ class Planner:
         self.retune_token: str | None = None
         self.fleet = FleetView()
         self.source = KernelSource()
+        self.warm = WarmStarts()  # spec.warmStart
         self.restored: dict[str, Any] = {}
         self.started = False  # past the run's first step (or restarted with a status)
         self.forgotten: list[str] = []  # pools removed from the spec, for the metrics to drop
@@ -99,15 +101,10 @@ class Planner:
             return
         self.spec_generation = generation
         self.source.reset()
+        self.warm.reset()
         try:
-            spec = parse_spec(raw)
-            check_kernel(spec)
-            check_node_selectors(spec)
-            check_trial_policy(spec, self.policy or TrialPolicy.from_env())
-        except (SpecError, KernelSpecError) as exc:
-            self.spec, self.spec_error, self.spec_reason = None, str(exc), "InvalidSpec"
-            return
-        except AdmissionError as exc:
+            spec = checked_spec(raw, self.policy)
+        except SpecError as exc:
             self.spec, self.spec_error, self.spec_reason = None, str(exc), exc.reason
             return
         self.spec, self.spec_error = spec, None
@@ -189,10 +186,21 @@ class Planner:
         if self.source.failed is None:  # else the compiler's message stays until the source changes
             self.spec_error = None
 
+    def wants_warm_start(self, mono: float) -> bool:
+        return self.spec is not None and self.warm.due(self.spec.warm_start, mono)
+
+    def accept_warm_start(self, data: Sequence[Mapping[str, str] | None], mono: float) -> None:
+        """The data of each `spec.warmStart` ConfigMap as just read (None: no such ConfigMap)."""
+        assert self.spec is not None and self.spec.warm_start
+        self.warm.read(self.spec.warm_start, data, mono)
+
     def blocked(self) -> Report | None:
         """The report of a run that cannot tune now (invalid spec, missing or failed source)."""
         if self.spec is None:
             return Report("Failed", [], self.spec_reason, self.spec_error or "invalid spec", finished=True)
+        if (waiting := self.warm.waiting(self.spec.warm_start)) is not None:
+            reason, message = waiting  # read again, like a kernel source, until it is right
+            return Report("Pending" if reason == "SourceNotFound" else "Failed", [], reason, message)
         if self.spec.kernel.source is None:
             return None
         if self.source.text is None:
@@ -305,7 +313,11 @@ class Planner:
             if problem is not None:
                 self.source.failed = self.source.digest
                 raise SpecError(f"{problem} (target {pool.key})")
-        make_study(self.spec, pool, obs.records)
+        given = self.warm.for_target(pool.spec.name)
+        make_study(self.spec, pool, obs.records, given)
+        if given and pool.study is not None:
+            self.events.append(("Normal", "WarmStart", f"{pool.key}: {pool.study.n_prior} earlier results in its "
+                                f"space, of them up to {sum(map(len, given))} from spec.warmStart"))
         if pool.round_started is None:
             # A later size's round began with the target's first size: one deadline for all.
             earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
@@ -322,22 +334,15 @@ class Planner:
                 pool.observed.add(rec.index)
                 pool.study.observe(rec.config, rec.outcome, rec.objective, rec.times)
 
-    def _stop(self, pool: Pool, running: list[Job], plan: Plan, phase: PoolPhase, message: str) -> None:
-        plan.delete_now += [j["metadata"]["name"] for j in running]
-        running.clear()
-        pool.move(phase, message)
-
     def _ends(self, pool: Pool, running: list[Job], plan: Plan, verdict: Verdict | None) -> bool:
-        """Apply a stopping verdict (`optimize.stopping.pool_verdict`); True when the pool
+        """Apply a stopping verdict (`optimize.stopping.pool_verdict`): True when the pool
         starts no new trial."""
-        if verdict is None:
-            return False
-        if verdict.stop_running:
-            assert verdict.phase is not None
-            self._stop(pool, running, plan, PoolPhase(verdict.phase), verdict.message)
-        elif verdict.phase is not None:
+        if verdict is not None and verdict.phase is not None:
+            if verdict.stop_running:
+                plan.delete_now += [j["metadata"]["name"] for j in running]
+                running.clear()
             pool.move(PoolPhase(verdict.phase), verdict.message)
-        return True
+        return verdict is not None
 
     def _advance(self, pool: Pool, running: list[Job], records: Sequence[TrialRecord], obs: Observed,
                  plan: Plan) -> None:
@@ -369,7 +374,8 @@ class Planner:
                 suggested = pool.study.suggest(want - len(configs), pending + configs)
             except Exception as exc:  # a strategy that cannot suggest would fail the same way forever
                 self.log.exception("%s: the strategy failed", pool.key)
-                self._stop(pool, running, plan, PoolPhase.FAILED, f"spec.strategy: the strategy failed: {exc}"[:500])
+                message = f"spec.strategy: the strategy failed: {exc}"[:500]
+                self._ends(pool, running, plan, Verdict("Failed", message, stop_running=True))
                 return
             plan.suggested.append(Suggested(pool.key, time.perf_counter() - started, pool.study.last_fit_seconds))
             configs += suggested

@@ -14,7 +14,7 @@ driver it is tuned for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.spec import SpecError
 from fleettune.fingerprint import GpuFingerprint, PoolFingerprint
 from fleettune.results import TrialRecord
+from fleettune_job.protocol import Outcome
 
 if TYPE_CHECKING:  # the optimiser stack is heavy: loaded when a pool first builds its search
     from fleettune.optimize import Study
@@ -133,44 +134,49 @@ def build_search(spec: TuningRunSpec, pool: Pool, product: str | None, where: st
     pool.space, pool.space_size = space, size
 
 
-def warm_start_prior(pool: Pool, records: Iterable[TrialRecord]) -> list[tuple[dict[str, Any], Any, float | None]]:
-    """Observations that exist in the pool's current space from its own older rounds and,
-    in this round, from the sizes of its target that tuned before it.
+Observation = tuple[dict[str, Any], Outcome, float | None]  # (config, outcome, objective)
 
-    Times are divided by the best of their (size, round): older drivers and other sizes
-    run at other speeds, and only how much slower than the best a configuration is
-    carries over."""
+
+def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
+                     external: Sequence[Sequence[Observation]] = ()) -> list[Observation]:
+    """Observations that exist in the pool's current space from its own older rounds, in this
+    round from the sizes of its target that tuned before it, and from `external` groups
+    (results the user already had: `spec.warmStart`).
+
+    Times are divided by the best of their group (size and round, or file): older drivers,
+    other GPUs and other sizes run at other speeds, and only how much slower than the best a
+    configuration is carries over."""
     from fleettune.space import SpaceError
 
     earlier = set(pool.after)
-    groups: dict[tuple[str, int], list[TrialRecord]] = {}
+    groups: dict[tuple[str, int], list[Observation]] = {}
     for rec in records:
         older_round = rec.target == pool.key and rec.round < pool.round
         earlier_size = rec.target in earlier and rec.round == pool.round
         if (older_round or earlier_size) and rec.is_observation:
-            groups.setdefault((rec.target, rec.round), []).append(rec)
-    prior: list[tuple[dict[str, Any], Any, float | None]] = []
+            groups.setdefault((rec.target, rec.round), []).append((rec.config, rec.outcome, rec.objective))
+    prior: list[Observation] = []
     space = pool.space
     if space is None:
         return prior
-    for group in groups.values():
-        best = min((r.objective for r in group if r.objective), default=None)
-        for rec in group:
+    for group in [*groups.values(), *external]:
+        best = min((objective for _, _, objective in group if objective), default=None)
+        for config, outcome, objective in group:
             try:
-                row = space.to_rows([rec.config])
+                row = space.to_rows([config])
             except SpaceError:
-                continue  # the space changed under it
+                continue  # another space: the space changed, or a file's parameters differ
             if bool(space.is_valid(row)[0]):
-                value = rec.objective / best if rec.objective and best else rec.objective
-                prior.append((rec.config, rec.outcome, value))
+                prior.append((config, outcome, objective / best if objective and best else objective))
     return prior
 
 
-def make_study(spec: TuningRunSpec, pool: Pool, records: Iterable[TrialRecord]) -> None:
+def make_study(spec: TuningRunSpec, pool: Pool, records: Iterable[TrialRecord],
+               external: Sequence[Sequence[Observation]] = ()) -> None:
     from fleettune.optimize import Study
 
     assert pool.space is not None, "build_search first"
-    prior = warm_start_prior(pool, records)
+    prior = warm_start_prior(pool, records, external)
     pool.study = Study(
         pool.space, strategy=spec.strategy.name, seed=pool.seed + 104_729 * (pool.round - 1),
         options=spec.strategy.options, prior=prior,

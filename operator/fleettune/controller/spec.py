@@ -9,16 +9,43 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from fleettune.api import TuningRunSpec
+
+if TYPE_CHECKING:
+    from fleettune.admission import TrialPolicy
 from fleettune.names import short_hash
 
 
 class SpecError(ValueError):
-    """A spec the API server accepted but the operator cannot run; names the field."""
+    """A spec the API server accepted but the operator cannot run; names the field.
+    ``reason``: the `Ready` condition's (InvalidSpec, or the trial policy's Forbidden...)."""
+
+    def __init__(self, message: str, reason: str = "InvalidSpec") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def checked_spec(raw: Mapping[str, Any], policy: TrialPolicy | None) -> TuningRunSpec:
+    """The spec, parsed and checked as far as it can be without the cluster: the kernel
+    (built-in, expressions), node selectors, and the trial policy (`policy`: the operator's;
+    None: read from the environment)."""
+    from fleettune.admission import AdmissionError, TrialPolicy, check_node_selectors, check_trial_policy
+    from fleettune.kernelcheck import KernelSpecError, check_kernel
+
+    spec = parse_spec(raw)
+    try:
+        check_kernel(spec)
+        check_node_selectors(spec)
+        check_trial_policy(spec, policy or TrialPolicy.from_env())
+    except KernelSpecError as exc:
+        raise SpecError(str(exc)) from None
+    except AdmissionError as exc:
+        raise SpecError(str(exc), exc.reason) from None
+    return spec
 
 
 def field_path(loc: tuple[Any, ...]) -> str:

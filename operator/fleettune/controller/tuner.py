@@ -98,6 +98,11 @@ class RunLoop:
             assert source is not None
             data = await asyncio.to_thread(self.kube.read_config_map, self.namespace, source.config_map)
             planner.accept_source(data, time.monotonic(), time.time())
+        if planner.wants_warm_start(time.monotonic()):
+            assert planner.spec is not None and planner.spec.warm_start
+            files = await asyncio.gather(*(asyncio.to_thread(self.kube.read_config_map, self.namespace, w.config_map)
+                                           for w in planner.spec.warm_start))
+            planner.accept_warm_start(files, time.monotonic())
         if (blocked := planner.blocked()) is not None:
             await self._write_status(blocked)
             return blocked.finished

@@ -29,8 +29,12 @@ from fleettune.space.space import SearchSpace
 
 def read_kernel_tuner_cache(path: str | os.PathLike[str]) -> RecordedSpace:
     """Read a Kernel Tuner cache (``.json`` or ``.json.gz``, also when unterminated)."""
-    where = os.fspath(path)
-    data, _ = load_json(read_text(path), where, allow_repair=True)
+    return parse_kernel_tuner_cache(read_text(path), os.fspath(path))
+
+
+def parse_kernel_tuner_cache(text: str, where: str) -> RecordedSpace:
+    """A Kernel Tuner cache from its JSON text; ``where`` names it in errors."""
+    data, _ = load_json(text, where, allow_repair=True)
     if not isinstance(data, dict):
         raise SpaceError(where, "not a Kernel Tuner cache: the top level is not an object")
     tune_params = data.get("tune_params")

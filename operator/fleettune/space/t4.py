@@ -50,8 +50,12 @@ def _sorted_values(values: list[Any]) -> list[Any]:
 
 def read_t4(path: str | os.PathLike[str]) -> RecordedSpace:
     """Read a T4 results file; the space has one ordinal/categorical parameter per configuration key."""
-    where = os.fspath(path)
-    data, _ = load_json(read_text(path), where, allow_repair=False)
+    return parse_t4(read_text(path), os.fspath(path))
+
+
+def parse_t4(text: str, where: str) -> RecordedSpace:
+    """A T4 results file from its JSON text; ``where`` names it in errors."""
+    data, _ = load_json(text, where, allow_repair=False)
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list):
         raise SpaceError(f"{where}: results", "missing; not a T4 results file")
