@@ -12,6 +12,8 @@ from typing import Any
 import yaml
 from operator_support import apply, example, get_run, wait_for, wait_phase
 
+from fleettune_dev.cluster import kstatus
+
 RECORDING = Path(__file__).resolve().parents[2] / "dev" / "fleettune_dev" / "data" / "recordings" / \
     "convolution_milo-A4000.json.gz"
 
@@ -41,6 +43,8 @@ def test_a_users_kernel_tuner_cache_warm_starts_the_run_and_is_waited_for(cluste
                        {c["type"]: c for c in r["status"]["conditions"]}["Ready"]["reason"] == "SourceNotFound" and r,
                        60, "the run to wait for its warm-start ConfigMap")
     assert waiting["status"]["phase"] == "Pending"
+    # What Flux (`wait: true`) and the cli-utils applier say of the live run: not done yet.
+    assert kstatus.compute([waiting])[0]["status"] == "InProgress"
     ready = {c["type"]: c for c in waiting["status"]["conditions"]}["Ready"]
     assert ready["message"] == "spec.warmStart[0].configMap: ConfigMap 'a4000-cache' not found"
 
@@ -51,6 +55,26 @@ def test_a_users_kernel_tuner_cache_warm_starts_the_run_and_is_waited_for(cluste
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", str(path))
     run = wait_phase(cluster, namespace, "warm", 240, operator)
     assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert kstatus.compute([run])[0]["status"] == "Current"
     said = wait_for(lambda: _events(cluster, namespace, "WarmStart"), 30, "the WarmStart event")
     assert said[0].startswith("a100: ") and "from spec.warmStart" in said[0]
     assert int(said[0].split()[1]) > 1000  # the cache's configurations that exist in the run's space
+
+
+def test_kstatus_reads_a_failed_and_an_edited_live_run(cluster, namespace, operator):
+    bad = example("bad", trialsPerTarget=2)
+    bad["spec"]["strategy"] = {"name": "bayes", "options": {"no_such_option": 1}}
+    assert apply(cluster, namespace, bad).returncode == 0
+    run = wait_phase(cluster, namespace, "bad", 60, operator)
+    verdict = kstatus.compute([run])[0]
+    assert verdict["status"] == "Failed" and "spec.strategy.options.no_such_option" in verdict["message"]
+    # Edited: until the operator has seen the new generation, the run is not Current.
+    bad["spec"]["strategy"] = {"name": "random"}
+    assert apply(cluster, namespace, bad).returncode == 0
+    edited = get_run(cluster, namespace, "bad")
+    if edited["status"].get("observedGeneration") != edited["metadata"]["generation"]:
+        assert kstatus.compute([edited])[0]["status"] == "InProgress"
+    seen = wait_for(lambda: (r := get_run(cluster, namespace, "bad"))["status"].get("observedGeneration")
+                    == r["metadata"]["generation"] and r, 60, "the operator to see the edit")
+    expected = {"Pending": "InProgress", "Running": "InProgress", "Succeeded": "Current"}[seen["status"]["phase"]]
+    assert kstatus.compute([seen])[0]["status"] == expected
