@@ -203,18 +203,13 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.error(f"--size: {exc}")
 
-    from kubernetes.client.exceptions import ApiException
-
     from fleettune import store
 
     try:
         run, records, namespace = store.read_run(args.run, args.namespace, args.kubeconfig, args.context)
-    except ApiException as exc:
-        if exc.status == 404:
-            print(f"fleettune export: no TuningRun {args.run!r} in namespace {args.namespace or '(default)'}",
-                  file=sys.stderr)
-            return 1
-        raise
+    except store.RunNotFound as exc:
+        print(f"fleettune export: {exc}", file=sys.stderr)
+        return 1
     try:
         spec = TuningRunSpec.model_validate(run["spec"])
         pool = choose_pool(spec, args.target, size)

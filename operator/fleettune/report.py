@@ -301,18 +301,13 @@ def main(argv: list[str]) -> int:
             print(f"fleettune report: {flag}: {exc}", file=sys.stderr)
             return 2
 
-    from kubernetes.client.exceptions import ApiException
-
     from fleettune import store
 
     try:
         run, records, namespace = store.read_run(args.run, args.namespace, args.kubeconfig, args.context)
-    except ApiException as exc:
-        if exc.status == 404:
-            print(f"fleettune report: no TuningRun {args.run!r} in namespace {args.namespace or '(default)'}",
-                  file=sys.stderr)
-            return 1
-        raise
+    except store.RunNotFound as exc:
+        print(f"fleettune report: {exc}", file=sys.stderr)
+        return 1
     pools = pool_reports(run.get("status") or {}, records)
     if args.json:
         print(json.dumps(summary(pools), indent=2))

@@ -233,13 +233,17 @@ class ResultsStore:
 # ---------------------------------------------------------------------- read from outside the operator
 
 
+class RunNotFound(LookupError):
+    """No TuningRun of that name in that namespace."""
+
+
 def read_run(name: str, namespace: str | None = None, kubeconfig: str | None = None,
              context: str | None = None) -> tuple[dict[str, Any], list[TrialRecord], str]:
     """A TuningRun and every record of its results store, as a person's command reads them
     (`fleettune report`, `fleettune export`): with a kubeconfig (``$KUBECONFIG`` or
     ``~/.kube/config``; the context's namespace when none is given), or in a Pod, its service
-    account. Returns (the run as a dict, its records, the namespace); raises the client's
-    ApiException (404: no such run)."""
+    account. Returns (the run as a dict, its records, the namespace); raises RunNotFound,
+    or the client's ApiException for any other refusal."""
     from pathlib import Path
 
     from kubernetes import config
@@ -257,8 +261,13 @@ def read_run(name: str, namespace: str | None = None, kubeconfig: str | None = N
         api = client.ApiClient()
         namespace = namespace or (sa / "namespace").read_text().strip()
     with api:
-        # A dict: the client builds no model for custom objects.
-        run: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
-            GROUP, VERSION, namespace, PLURAL, name)
+        try:
+            # A dict: the client builds no model for custom objects.
+            run: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
+                GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise RunNotFound(f"no TuningRun {name!r} in namespace {namespace}") from None
+            raise
         records = ResultsStore(client.CoreV1Api(api), namespace, name, run["metadata"]["uid"]).load()
     return run, records, namespace
