@@ -150,7 +150,10 @@ def _build_module(
     progress: Progress,
     label: str,
     finish: Callable[[Path], None] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> None:
+    """Build ``packages`` of the module ``gomod`` (plus ``sources``: files of its own, for a
+    program of ours such as kstatus, whose package is ".") into ``out``."""
     if shutil.which("go") is None:
         raise RuntimeError(f"{label}: Go is required to build the control plane (https://go.dev/dl)")
     started = time.monotonic()
@@ -159,12 +162,15 @@ def _build_module(
     progress(f"building {label} from the Go module proxy (first use only; log: {log})")
     work.mkdir(parents=True, exist_ok=True)
     (work / "go.mod").write_text(gomod)
-    # A blank-import file keeps `go mod tidy` from pruning the requirement.
-    (work / "tools.go").write_text(
-        "//go:build tools\n\npackage tools\n\nimport (\n"
-        + "".join(f'\t_ "{p}"\n' for p in packages)
-        + ")\n"
-    )
+    for name, text in (sources or {}).items():
+        (work / name).write_text(text)
+    if external := [p for p in packages if not p.startswith(".")]:
+        # A blank-import file keeps `go mod tidy` from pruning the requirement.
+        (work / "tools.go").write_text(
+            "//go:build tools\n\npackage tools\n\nimport (\n"
+            + "".join(f'\t_ "{p}"\n' for p in external)
+            + ")\n"
+        )
     _run(["go", "mod", "tidy"], work, progress, label, log)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -13,14 +13,12 @@ only the first use on a machine pays for the build.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from fleettune_dev.cluster.binaries import Progress, _run, build_log, cache_root
+from fleettune_dev.cluster.binaries import Progress, _build_module, cache_root
 
 KSTATUS_VERSION = "v0.37.2"  # sigs.k8s.io/cli-utils
 
@@ -86,35 +84,11 @@ def _say(msg: str) -> None:
 
 def ensure_kstatus(progress: Progress | None = None) -> Path:
     """The cached kstatus program, built on first use (about a minute or two on a cold cache)."""
-    say = progress or _say
-    root = cache_root()
-    out = root / "bin" / f"kstatus-{KSTATUS_VERSION}"
-    if (out / "kstatus").exists():
-        return out / "kstatus"
-    if shutil.which("go") is None:
-        raise RuntimeError("kstatus: Go is required to build it (https://go.dev/dl)")
-    label = f"kstatus {KSTATUS_VERSION}"
-    started = time.monotonic()
-    log = build_log("kstatus")
-    log.unlink(missing_ok=True)
-    say(f"building {label} from the Go module proxy (first use only; log: {log})")
-    work = root / "src" / "kstatusbin"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (work / "go.mod").write_text(
-        f"module local.test/kstatus\n\ngo 1.24.0\n\nrequire sigs.k8s.io/cli-utils {KSTATUS_VERSION}\n"
-    )
-    (work / "main.go").write_text(_MAIN)
-    _run(["go", "mod", "tidy"], work, say, label, log)
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _run(["go", "build", "-v", "-pgo=off", "-ldflags", "-s -w", "-o", str(tmp / "kstatus"), "."], work, say,
-         label, log)
-    # Rename last so an interrupted build never leaves a half-filled cache entry behind.
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    say(f"built {label} in {(time.monotonic() - started) / 60:.1f} min")
+    out = cache_root() / "bin" / f"kstatus-{KSTATUS_VERSION}"
+    if not (out / "kstatus").exists():
+        gomod = f"module local.test/kstatus\n\ngo 1.24.0\n\nrequire sigs.k8s.io/cli-utils {KSTATUS_VERSION}\n"
+        _build_module(cache_root() / "src" / "kstatusbin", gomod, ["."], out, "-s -w", progress or _say,
+                      f"kstatus {KSTATUS_VERSION}", sources={"main.go": _MAIN})
     return out / "kstatus"
 
 
