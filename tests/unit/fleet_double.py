@@ -107,7 +107,7 @@ class FakeFleet:
 
     def step(self) -> Plan:
         planner = self.planner
-        planner.configure(self.generation, copy.deepcopy(self.spec), self.store.records)
+        planner.configure(self.generation, copy.deepcopy(self.spec), self.store.records, self.wall)
         if planner.wants_warm_start(self.mono):
             assert planner.spec is not None and planner.spec.warm_start
             planner.accept_warm_start([self.config_maps.get(w.config_map) for w in planner.spec.warm_start], self.mono)

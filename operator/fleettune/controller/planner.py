@@ -1,4 +1,4 @@
-"""The decisions of one TuningRun's tuning loop (pure: no API calls, no clocks of its own).
+"""The decisions of one TuningRun's tuning loop (pure: no API calls; the time comes from the shell).
 
 The I/O shell (`fleettune.controller.tuner`) reads the cluster and hands the planner what
 it saw; the planner returns a `Plan` — records to store, Jobs to create and delete, events,
@@ -6,8 +6,8 @@ metric samples and the run's report — and the shell applies it. What the plann
 between steps (each pool's round, phase and Study) it rebuilds from the stored records and
 the last status after a restart, so the loop can resume from any point.
 
-Reading is guided by the planner too (`wants_source`, `wants_nodes`, `pods_needed`), so
-the shell reads only what a decision needs.
+Reading is guided by the planner too (`wants_source`, `wants_warm_start`, `wants_nodes`, and
+`plan.pods_needed`), so the shell reads only what a decision needs.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class Planner:
 
     # ------------------------------------------------------------------ the spec
 
-    def configure(self, generation: int | None, raw: Mapping[str, Any], records: Sequence[TrialRecord]) -> None:
+    def configure(self, generation: int | None, raw: Mapping[str, Any], records: Sequence[TrialRecord],
+                  wall: float) -> None:
         """(Re)read the spec when its generation changed: budgets and parallelism apply at
         once; a new search space starts new rounds."""
         if self.spec_generation is not False and self.spec_generation == generation:
@@ -130,7 +131,7 @@ class Planner:
                     if pool.phase == PoolPhase.SUCCEEDED:
                         pool.move(PoolPhase.RUNNING, pool.message)  # a larger budget re-opens a finished pool
                 if space_changed:
-                    self._new_round(pool, "the search space changed", time.time())
+                    self._new_round(pool, "the search space changed", wall)
                 elif pool.phase != PoolPhase.FAILED:
                     pool.study = None  # rebuilt for the (possibly new) device limits and strategy
         self.forgotten += sorted(set(self.pools) - set(wanted))

@@ -85,7 +85,7 @@ class RunLoop:
             await asyncio.to_thread(self.store.load)
             planner.restore(self._previous_status())
             self.loaded = True
-        planner.configure(meta.get("generation"), self.body["spec"], self.store.records)
+        planner.configure(meta.get("generation"), self.body["spec"], self.store.records, time.time())
         if self.last_status is None and not self.body.get("status") and planner.spec is not None:
             # A status at once, before the first (possibly long) step: GitOps tools (kstatus,
             # Flux, Argo CD) read a run without one as done.
