@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from fleettune import GROUP
 from fleettune.fingerprint.model import GpuFingerprint, Sharing
 
 NV = "nvidia.com/"
-FT = "fleettune.dev/"
+FT = f"{GROUP}/"
 
 # GPU Feature Discovery.
 GFD_PRODUCT = NV + "gpu.product"
