@@ -6,6 +6,16 @@ most 4 KiB to ``/dev/termination-log`` and exits with the code of its outcome. T
 operator reads that message back from the Pod's container status: no sidecar, no
 network path from jobs to the operator. The fleet simulator speaks the same protocol,
 so swapping simulated nodes for real GPUs changes nothing in the operator.
+
+A *batch* Job measures several configurations of one target in one Pod (one CUDA
+context, one interpreter, one Pod start-up): the same variable then holds a
+:class:`Batch`, and the termination log a :class:`BatchResult` — one compact answer per
+finished configuration. The job rewrites that file after every configuration, because
+the kubelet reads it however the container ends (exit, OOM kill, eviction, deadline):
+what a Pod finished before it died is kept. A batch container exits 0 once every
+configuration is answered (invalid ones included: their verdicts are in the message)
+and 20 when it stopped early; the operator re-suggests what was not answered and never
+records it as invalid.
 """
 
 from __future__ import annotations
@@ -144,6 +154,57 @@ class Trial(_Strict):
         return cls.model_validate_json(text)
 
 
+class Entry(_Strict):
+    """One configuration of a batch, with its trial index."""
+
+    index: int = Field(ge=0)
+    config: dict[str, Any]
+
+
+MAX_BATCH = 48  # so that a whole batch's verdicts fit a 4 KiB termination message (a unit test checks the worst case)
+
+
+class Batch(_Strict):
+    """Configurations of one target for one Pod, measured in order; ``timeout_s`` is each
+    configuration's own limit, as for a :class:`Trial`."""
+
+    version: int = PROTOCOL_VERSION
+    run: str
+    target: str
+    kernel: KernelRef
+    entries: list[Entry] = Field(min_length=1, max_length=MAX_BATCH)
+    problem_size: list[int]
+    warmups: int = Field(default=3, ge=0)
+    repeats: int = Field(default=7, ge=1)
+    min_duration_s: float = Field(default=0.0, ge=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("entries")
+    @classmethod
+    def _distinct(cls, v: list[Entry]) -> list[Entry]:
+        if len({e.index for e in v}) != len(v):
+            raise ValueError("entries must have distinct indexes")
+        return v
+
+    def trial(self, entry: Entry) -> Trial:
+        common = self.model_dump(exclude={"entries"})
+        return Trial.model_validate(common | {"index": entry.index, "config": entry.config})
+
+    def trials(self) -> list[Trial]:
+        return [self.trial(e) for e in self.entries]
+
+    def to_env(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+def parse_work(text: str) -> Trial | Batch:
+    """What a Job's ``FLEETTUNE_TRIAL`` holds: one trial, or a batch (it has ``entries``)."""
+    raw = json.loads(text)
+    if isinstance(raw, dict) and "entries" in raw:
+        return Batch.model_validate(raw)
+    return Trial.model_validate(raw)
+
+
 class Fingerprint(_Strict):
     """What the numbers were measured on."""
 
@@ -195,6 +256,84 @@ class TrialResult(_Strict):
         return text
 
 
+def _significant(value: float | None, digits: int = 7) -> float | None:
+    return None if value is None else float(f"{value:.{digits}g}")
+
+
+class Answer(_Strict):
+    """One configuration's verdict in a batch: the fields of a :class:`TrialResult`,
+    under short names (a whole batch must fit 4 KiB)."""
+
+    i: int = Field(ge=0)  # the entry's index
+    o: Outcome
+    t: float | None = None  # objective, ms
+    ts: list[float] = Field(default_factory=list)  # repeat times, ms (dropped first when short of room)
+    e: str = ""  # error
+    c: float | None = None  # compile seconds (off the GPU when compiled ahead)
+    r: float | None = None  # GPU seconds: first launch to the end of timing
+
+    @field_validator("t")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        return TrialResult._finite(v)
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.o == Outcome.OK and self.t is None:
+            raise ValueError("an ok answer needs an objective")
+
+    @classmethod
+    def of(cls, index: int, result: TrialResult) -> Answer:
+        return cls(i=index, o=result.outcome, t=_significant(result.objective),
+                   ts=[_significant(t) or 0.0 for t in result.times], e=result.error,
+                   c=result.compile_s, r=result.run_s)
+
+    def result(self, fingerprint: Fingerprint) -> TrialResult:
+        return TrialResult(outcome=self.o, objective=self.t, times=self.ts, fingerprint=fingerprint,
+                           error=self.e, compile_s=self.c, run_s=self.r)
+
+
+class BatchResult(_Strict):
+    """A batch's verdicts so far; ``done`` once every entry is answered. ``error`` says
+    why a batch stopped early (an infrastructure failure: its unanswered entries are
+    retried, never recorded as invalid)."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    batch: Literal[True] = True
+    answers: list[Answer] = Field(default_factory=list)
+    fingerprint: Fingerprint = Fingerprint()
+    done: bool = False
+    error: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[Outcome.OK] if self.done else EXIT_CODES[Outcome.INFRA_ERROR]
+
+    def encode(self) -> str:
+        """Compact JSON of at most 4 KiB: repeat times go first, then error texts are cut
+        (never a verdict: at most MAX_BATCH answers of their short fields fit)."""
+        doc = self
+        text = doc._compact()
+        if len(text.encode()) > MAX_MESSAGE_BYTES:
+            doc = doc.model_copy(update={"answers": [a.model_copy(update={"ts": []}) for a in doc.answers]})
+            text = doc._compact()
+        limit = 200
+        while len(text.encode()) > MAX_MESSAGE_BYTES and limit > 0:
+            limit //= 2
+            answers = [a.model_copy(update={"e": short_error(a.e, limit)}) for a in doc.answers]
+            doc = doc.model_copy(update={"answers": answers, "error": short_error(doc.error, limit)})
+            text = doc._compact()
+        return text
+
+    def _compact(self) -> str:
+        body = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+        return json.dumps({"version": self.version, "batch": True} | body, separators=(",", ":"),
+                          ensure_ascii=False)
+
+
+def short_error(text: str, limit: int) -> str:
+    return text if len(text) <= limit else (text[: max(limit - 1, 0)] + "…" if limit else "")
+
+
 class ProtocolError(ValueError):
     """A termination message that is not a valid result: an infrastructure failure."""
 
@@ -218,6 +357,28 @@ def decode(message: str | None) -> TrialResult:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "result"
         raise ProtocolError(f"invalid result: {where}: {first['msg']}") from None
+
+
+def decode_batch(message: str | None) -> BatchResult:
+    """A batch Pod's termination message (raises ProtocolError like `decode`)."""
+    if not message or not message.strip():
+        raise ProtocolError("empty termination message")
+    if len(message.encode()) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"termination message of {len(message.encode())} bytes exceeds 4 KiB")
+    try:
+        raw = json.loads(message)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(f"termination message is not JSON: {exc.msg} at {exc.pos}") from None
+    if not isinstance(raw, dict) or raw.get("batch") is not True:
+        raise ProtocolError("termination message is not a batch result")
+    if raw.get("version") != PROTOCOL_VERSION:
+        raise ProtocolError(f"unknown protocol version {raw.get('version')!r}")
+    try:
+        return BatchResult.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "result"
+        raise ProtocolError(f"invalid batch result: {where}: {first['msg']}") from None
 
 
 def infra_failure(error: str) -> TrialResult:

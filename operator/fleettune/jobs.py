@@ -1,24 +1,42 @@
-"""Render the Kubernetes Job of one trial (pure: no API calls).
+"""Render the Kubernetes Job of one trial, or of a batch of trials (pure: no API calls).
 
-One Job per (run, target pool, trial index). The name is deterministic, so an operator
-that restarts finds — adopts — the Jobs it created instead of duplicating them. The
-Job carries the trial in an environment variable and is owned by its TuningRun, so
-deleting the run garbage-collects its Jobs and their Pods.
+One Job per (run, target pool, first trial index); a batch Job's trials have the
+consecutive indexes from there. The name is deterministic, so an operator that restarts
+finds — adopts — the Jobs it created instead of duplicating them. The Job carries its
+work in an environment variable and is owned by its TuningRun, so deleting the run
+garbage-collects its Jobs and their Pods.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
 from fleettune.admission import TrialPolicy, default_job_image
 from fleettune.api import TargetSpec, TuningRunSpec
-from fleettune.labels import CONFIG_ANNOTATION, MANAGED_BY, MANAGER, RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
+from fleettune.labels import (
+    CONFIG_ANNOTATION,
+    CONFIG_KEYS_ANNOTATION,
+    MANAGED_BY,
+    MANAGER,
+    RUN_LABEL,
+    TARGET_LABEL,
+    TRIAL_LABEL,
+)
 from fleettune.names import label_value
-from fleettune_job.protocol import CONTAINER_NAME, INVALID_CONFIG_EXIT_CODES, TERMINATION_LOG, TRIAL_ENV, Trial
+from fleettune_job.protocol import (
+    CONTAINER_NAME,
+    INVALID_CONFIG_EXIT_CODES,
+    TERMINATION_LOG,
+    TRIAL_ENV,
+    Batch,
+    Trial,
+    parse_work,
+)
 
 # The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
 # deadline is only a backstop, so it also allows for image pulls and start-up.
@@ -99,6 +117,15 @@ def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
     )
 
 
+def make_batch(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, configs: Sequence[dict[str, Any]],
+               key: str | None = None, problem_size: Sequence[int] | None = None,
+               source_digest: str | None = None) -> Batch:
+    one = make_trial(run, spec, target, index, configs[0], key, problem_size, source_digest)
+    common = one.model_dump(exclude={"index", "config"})
+    entries = [{"index": index + n, "config": c} for n, c in enumerate(configs)]
+    return Batch.model_validate(common | {"entries": entries})
+
+
 def with_node_expressions(affinity: dict[str, Any] | None, expressions: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The target's affinity with `expressions` added to every required node-selector term
     (terms are ORed, expressions within a term ANDed: each term must also exclude them)."""
@@ -148,16 +175,51 @@ def render_job(
     problem_size: Sequence[int] | None = None,
     source_digest: str | None = None,
     policy: TrialPolicy | None = None,
+    batch: Sequence[tuple[dict[str, Any], str]] = (),
 ) -> dict[str, Any]:
     """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
     tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
     shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
     (see `fleettune.sizes.pool_key`); `policy`: the operator's trial policy (default: read
-    from its environment)."""
+    from its environment).
+
+    With `batch` (further configurations and their keys), one Pod measures `config` and
+    then each of them, with the following indexes. A batch Job is never retried by the Job
+    controller (backoffLimit 0): a retry would measure its finished configurations again;
+    the operator re-suggests the ones its Pod did not answer instead."""
     key = key or target.name
     policy = policy or TrialPolicy.from_env()
-    trial = make_trial(run, spec, target, index, config, key, problem_size, source_digest)
     labels = {MANAGED_BY: MANAGER, RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
+    timeout = spec.budget.trial_timeout_seconds
+    job_spec: dict[str, Any]
+    if batch:
+        configs = [config, *(c for c, _ in batch)]
+        work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest).to_env()
+        annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([config_key, *(k for _, k in batch)])}
+        job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": len(configs) * timeout + STARTUP_ALLOWANCE_S}
+    else:
+        work = make_trial(run, spec, target, index, config, key, problem_size, source_digest).to_env()
+        annotations = {CONFIG_ANNOTATION: config_key}
+        job_spec = {
+            "backoffLimit": spec.job_template.backoff_limit,
+            "activeDeadlineSeconds": timeout + STARTUP_ALLOWANCE_S,
+            "podFailurePolicy": {
+                "rules": [
+                    # An invalid configuration fails the same way on every retry: stop at once.
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "In",
+                            "values": INVALID_CONFIG_EXIT_CODES,
+                        },
+                    },
+                    # Preemption, eviction and drains (driver upgrades) say nothing about the
+                    # configuration: retry without spending the backoff budget.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+        }
     pod_security, container_security = _security(target, policy)
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
@@ -177,7 +239,7 @@ def render_job(
                 "image": target.image or tmpl.image or default_job_image(),
                 "imagePullPolicy": tmpl.image_pull_policy,
                 "env": [
-                    {"name": TRIAL_ENV, "value": trial.to_env()},
+                    {"name": TRIAL_ENV, "value": work},
                     {"name": "CUPY_CACHE_DIR", "value": "/tmp/cupy"},
                     {"name": "HOME", "value": "/tmp"},
                 ],
@@ -219,7 +281,7 @@ def render_job(
             "name": job_name(run, key, index),
             "namespace": namespace,
             "labels": labels,
-            "annotations": {CONFIG_ANNOTATION: config_key},
+            "annotations": annotations,
             "ownerReferences": [
                 {
                     "apiVersion": f"{GROUP}/{VERSION}",
@@ -232,25 +294,22 @@ def render_job(
             ],
         },
         "spec": {
-            "backoffLimit": tmpl.backoff_limit,
-            "activeDeadlineSeconds": spec.budget.trial_timeout_seconds + STARTUP_ALLOWANCE_S,
+            **job_spec,
             "ttlSecondsAfterFinished": tmpl.ttl_seconds_after_finished,
-            "podFailurePolicy": {
-                "rules": [
-                    # An invalid configuration fails the same way on every retry: stop at once.
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": CONTAINER_NAME,
-                            "operator": "In",
-                            "values": INVALID_CONFIG_EXIT_CODES,
-                        },
-                    },
-                    # Preemption, eviction and drains (driver upgrades) say nothing about the
-                    # configuration: retry without spending the backoff budget.
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                ]
-            },
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def work_of(job: dict[str, Any]) -> Trial | Batch:
+    """What a rendered Job measures, read back from its environment."""
+    env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    return parse_work(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
+
+
+def entries_of(job: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(index, configuration) of each trial a Job measures."""
+    work = work_of(job)
+    if isinstance(work, Batch):
+        return [(e.index, e.config) for e in work.entries]
+    return [(work.index, work.config)]

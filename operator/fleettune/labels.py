@@ -17,6 +17,7 @@ TARGET_LABEL = f"{GROUP}/target"  # the pool key: a target's name, or name.<size
 TRIAL_LABEL = f"{GROUP}/trial"  # the trial index within the pool, over all rounds
 ROUND_LABEL = f"{GROUP}/round"  # the pool's tuning round the trial belongs to
 CONFIG_ANNOTATION = f"{GROUP}/config"  # the configuration, JSON, for kubectl readers
+CONFIG_KEYS_ANNOTATION = f"{GROUP}/config-keys"  # a batch Job's configurations, JSON list, in entry order
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on its Pods
 
 # On the TuningRun.

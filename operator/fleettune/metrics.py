@@ -95,8 +95,24 @@ class Metrics:
             "outcomes, infra_error).", [*POOL_LABELS, "outcome"], registry=r,
         )
         self.trial_duration = Histogram(
-            f"{PREFIX}_trial_duration_seconds", "Run time of a trial's container (started to finished).",
-            POOL_LABELS, buckets=TRIAL_BUCKETS, registry=r,
+            f"{PREFIX}_trial_duration_seconds", "GPU time of one configuration (first launch to the end "
+            "of its timing), as its trial Pod reports it.", POOL_LABELS, buckets=TRIAL_BUCKETS, registry=r,
+        )
+        self.pod_duration = Histogram(
+            f"{PREFIX}_pod_duration_seconds", "Run time of a trial Pod's container (started to finished), "
+            "whatever the number of configurations it measured.", POOL_LABELS, buckets=TRIAL_BUCKETS, registry=r,
+        )
+        self.gpu_busy = Counter(
+            f"{PREFIX}_gpu_busy_seconds", "GPU seconds spent verifying and timing configurations (the "
+            "sum of trial durations).", POOL_LABELS, registry=r,
+        )
+        self.gpu_held = Counter(
+            f"{PREFIX}_gpu_allocated_seconds", "GPU seconds held by trial Pods (container run time x GPUs); "
+            "busy / allocated is the pool's GPU utilisation.", POOL_LABELS, registry=r,
+        )
+        self.trials_per_pod = Gauge(
+            f"{PREFIX}_pod_trials", "Configurations (trials) per trial Pod in the pool's latest Jobs.",
+            POOL_LABELS, registry=r,
         )
         self.queue_wait = Histogram(
             f"{PREFIX}_trial_queue_wait_seconds", "Time from a trial Job's creation until its Pod "
@@ -119,7 +135,8 @@ class Metrics:
             POOL_LABELS, registry=r,
         )
         self.in_flight = Gauge(
-            f"{PREFIX}_trials_in_flight", "Trial Jobs created and not yet finished.", POOL_LABELS, registry=r,
+            f"{PREFIX}_trials_in_flight", "Trial Jobs (Pods) created and not yet finished; each measures "
+            "one or a batch of configurations.", POOL_LABELS, registry=r,
         )
         self.parallelism = Gauge(
             f"{PREFIX}_trials_parallelism", "Trials the pool may run at once (spec.budget.parallelism).",
@@ -169,13 +186,23 @@ class Metrics:
         run: str,
         target: str,
         outcome: str,
-        duration_s: float | None = None,
-        queue_wait_s: float | None = None,
+        gpu_s: float | None = None,
     ) -> None:
-        """One trial's record was stored (call once per record, right after the store accepted it)."""
+        """One trial's record was stored (call once per record, right after the store accepted
+        it); `gpu_s`: the configuration's GPU time, when its Pod reported one."""
         self._child(self.trials, namespace, run, target, str(Outcome(outcome).value)).inc()
+        if gpu_s is not None and gpu_s >= 0:
+            self._child(self.trial_duration, namespace, run, target).observe(gpu_s)
+            self._child(self.gpu_busy, namespace, run, target).inc(gpu_s)
+
+    def pod_finished(
+        self, namespace: str, run: str, target: str, duration_s: float | None = None,
+        queue_wait_s: float | None = None, gpus: int = 1,
+    ) -> None:
+        """A trial Pod's records were stored (call once per Job)."""
         if duration_s is not None and duration_s >= 0:
-            self._child(self.trial_duration, namespace, run, target).observe(duration_s)
+            self._child(self.pod_duration, namespace, run, target).observe(duration_s)
+            self._child(self.gpu_held, namespace, run, target).inc(duration_s * gpus)
         if queue_wait_s is not None and queue_wait_s >= 0:
             self._child(self.queue_wait, namespace, run, target).observe(queue_wait_s)
 
@@ -217,9 +244,11 @@ class Metrics:
             best = (t.get("best") or {}).get("objectiveMs")
             self.pool_progress(
                 namespace, run, name, used=int(t.get("completed", 0)), budget=int(t.get("budget", 0)),
-                in_flight=int(t.get("running", 0)), parallelism=parallelism, best_ms=best, speedup=t.get("speedup"),
+                in_flight=int(t.get("podsRunning", 0)), parallelism=parallelism, best_ms=best, speedup=t.get("speedup"),
             )
             self.set_pool_phase(namespace, run, name, str(t.get("phase") or "Pending"))
+            if t.get("trialsPerPod"):
+                self._child(self.trials_per_pod, namespace, run, name).set(int(t["trialsPerPod"]))
             # Exported as 0 too, so that `sum(fleettune_pool_stale)` is 0 rather than empty.
             self.pool_stale(namespace, run, name, bool(t.get("stale", False)))
             fp = t.get("fingerprint") or {}

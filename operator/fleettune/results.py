@@ -1,4 +1,4 @@
-"""Turn a finished trial Job (and its Pods) into one record (pure: works on dicts).
+"""Turn a finished trial Job (and its Pods) into its records (pure: works on dicts).
 
 The verdict comes from the trial container's termination message and exit code. How a
 Job ended decides what the record means: an invalid configuration (compile, launch,
@@ -10,21 +10,24 @@ may be tried again.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from fleettune.labels import CONFIG_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
+from fleettune.labels import CONFIG_ANNOTATION, CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import (
     CONTAINER_NAME,
     INVALID_CONFIG_EXIT_CODES,
     OUTCOME_BY_EXIT_CODE,
+    Batch,
     Fingerprint,
     Outcome,
     ProtocolError,
     TrialResult,
     decode,
+    decode_batch,
     infra_failure,
 )
 
@@ -53,6 +56,8 @@ class TrialRecord(BaseModel):
     round: int = Field(default=1, validation_alias=AliasChoices("round", "generation"))
     recorded_at: str = ""
     problem_size: list[int] | None = None  # set when the run tunes several sizes
+    compile_s: float | None = None  # as the job reports it (off the GPU when compiled ahead)
+    run_s: float | None = None  # GPU seconds: first launch to the end of timing
 
     @property
     def is_observation(self) -> bool:
@@ -149,21 +154,84 @@ def record_from_job(
     problem_size: list[int] | None = None,
 ) -> TrialRecord:
     meta = job["metadata"]
-    result = result_of_job(job, pods)
-    last = _last_pod(pods)
+    key = meta.get("annotations", {}).get(CONFIG_ANNOTATION, "")
+    return _record(job, int(meta["labels"][TRIAL_LABEL]), config, key, result_of_job(job, pods), _last_pod(pods),
+                   pool_round, problem_size)
+
+
+def _record(job: dict[str, Any], index: int, config: dict[str, Any], key: str, result: TrialResult,
+            pod: dict[str, Any] | None, pool_round: int, problem_size: list[int] | None) -> TrialRecord:
     return TrialRecord(
-        target=meta["labels"][TARGET_LABEL],
-        index=int(meta["labels"][TRIAL_LABEL]),
+        target=job["metadata"]["labels"][TARGET_LABEL],
+        index=index,
         config=config,
-        key=meta.get("annotations", {}).get(CONFIG_ANNOTATION, ""),
+        key=key,
         outcome=result.outcome,
         objective=result.objective,
         times=result.times[:16],
         fingerprint=result.fingerprint if result.fingerprint.product else None,
         error=result.error[:500],
-        node=(last or {}).get("spec", {}).get("nodeName"),
-        job=meta["name"],
+        node=(pod or {}).get("spec", {}).get("nodeName"),
+        job=job["metadata"]["name"],
         round=pool_round,
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         problem_size=problem_size,
+        compile_s=result.compile_s,
+        run_s=result.run_s,
     )
+
+
+def _finished_at(pod: dict[str, Any]) -> str:
+    term = _terminated(pod) or {}
+    return term.get("finishedAt") or pod["metadata"].get("creationTimestamp") or ""
+
+
+def records_from_batch_job(
+    job: dict[str, Any], pods: list[dict[str, Any]], batch: Batch, pool_round: int,
+    problem_size: list[int] | None = None,
+) -> list[TrialRecord]:
+    """One record per entry of a finished batch Job (or one whose Pod's end decides it).
+
+    Answers are read from every Pod that ended, oldest first: a Pod that died mid-batch
+    still wrote the answers it finished, and the first answer of an entry wins (a second
+    Pod may have measured it again). An answer for an index not in the batch is ignored. An
+    entry nobody answered is an infrastructure failure — not measured, so never counted as
+    an invalid configuration — and the optimiser may suggest it again."""
+    keys = _config_keys(job, len(batch.entries))
+    by_index = {e.index: e for e in batch.entries}
+    answered: dict[int, tuple[TrialResult, dict[str, Any] | None]] = {}
+    why: list[str] = []
+    for pod in sorted((p for p in pods if _terminated(p) is not None), key=_finished_at):
+        term = _terminated(pod) or {}
+        try:
+            message = decode_batch(term.get("message"))
+        except ProtocolError as exc:
+            why.append(f"{exc} (exit code {term.get('exitCode')}, reason {term.get('reason')})")
+            continue
+        if message.error:
+            why.append(message.error)
+        for answer in message.answers:
+            if answer.i in by_index and answer.i not in answered:
+                answered[answer.i] = (answer.result(message.fingerprint), pod)
+    failed = _condition(job, "Failed")
+    if failed is not None:
+        why.append(f"job failed ({failed.get('reason')}: {failed.get('message', '')})")
+    if not pods:
+        why.append("no trial pod is left to read results from")
+    missing = infra_failure("not measured: the batch ended before this configuration"
+                            + (f" ({'; '.join(why)})" if why else ""))
+    out = []
+    for n, entry in enumerate(batch.entries):
+        result, pod = answered.get(entry.index, (missing, _last_pod(pods)))
+        out.append(_record(job, entry.index, entry.config, keys[n], result, pod, pool_round, problem_size))
+    return out
+
+
+def _config_keys(job: dict[str, Any], n: int) -> list[str]:
+    try:
+        keys = json.loads(job["metadata"].get("annotations", {}).get(CONFIG_KEYS_ANNOTATION, "[]"))
+    except ValueError:
+        keys = []
+    if not isinstance(keys, list) or len(keys) != n:
+        keys = [""] * n
+    return [str(k) for k in keys]

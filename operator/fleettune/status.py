@@ -96,7 +96,11 @@ def target_status(
     tuned_for: TunedFor | Mapping[str, Any] | None = None,
     stale: str | None = None,
     top_k: int = TOP_K,
+    pods_running: int | None = None,
+    trials_per_pod: int | None = None,
 ) -> TargetStatus:
+    """`running`: trials being measured; `pods_running`: the Pods measuring them (default:
+    one trial per Pod)."""
     best = ranked(records)
     top = [
         ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index)
@@ -133,6 +137,8 @@ def target_status(
         round=tuning_round,
         tuned_for=TunedFor.model_validate(tuned_for) if tuned_for is not None else None,
         stale=bounded(stale) if stale is not None else None,
+        pods_running=running if pods_running is None else pods_running,
+        trials_per_pod=trials_per_pod,
         **counts(records, running).model_dump(),
     )
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleettune.api import TuningRunStatus
-from fleettune.controller.plan import Observed, Plan, RecordKey, pods_needed, trial_of
+from fleettune.controller.plan import Observed, Plan, RecordKey, pods_needed
 from fleettune.controller.planner import Planner
 from fleettune.controller.reporting import Report
+from fleettune.jobs import work_of
 from fleettune.labels import TARGET_LABEL
 from fleettune.results import TrialRecord
-from fleettune_job.protocol import CONTAINER_NAME, Outcome, TrialResult
+from fleettune_job.protocol import CONTAINER_NAME, Answer, Batch, BatchResult, Outcome, TrialResult
 
 Measure = Callable[[dict[str, Any]], TrialResult]
 A100 = {
@@ -91,16 +92,25 @@ class FakeFleet:
     def running(self) -> list[dict[str, Any]]:
         return [j for j in self.jobs.values() if not j.get("status")]
 
-    def finish(self, n: int | None = None) -> None:
-        """The Job controller marks the first `n` running Jobs (all: None) done with their results."""
+    def finish(self, n: int | None = None, answered: int | None = None) -> None:
+        """The Job controller marks the first `n` running Jobs (all: None) done with their
+        results. A batch Pod answers its first `answered` trials (None: all) and is killed
+        after them, as an eviction would (exit 137, the Job failed)."""
         for job in self.running()[:n]:
-            result = self.measure(trial_of(job).config)
-            ok = result.outcome == Outcome.OK
+            work = work_of(job)
+            if isinstance(work, Batch):
+                entries = work.entries if answered is None else work.entries[:answered]
+                done = len(entries) == len(work.entries)
+                message = BatchResult(answers=[Answer.of(e.index, self.measure(e.config)) for e in entries],
+                                      done=done, error="" if done else "terminated by SIGKILL")
+                ok, code, text = done, 0 if done else 137, message.encode()
+            else:
+                result = self.measure(work.config)
+                ok, code, text = result.outcome == Outcome.OK, result.exit_code, result.encode()
             job["status"] = {"conditions": [{"type": "Complete" if ok else "Failed", "status": "True"}]}
             pod = {"metadata": {"name": f"{job['metadata']['name']}-pod"},
                    "status": {"phase": "Succeeded" if ok else "Failed", "containerStatuses": [{
-                       "name": CONTAINER_NAME, "state": {"terminated": {
-                           "exitCode": result.exit_code, "message": result.encode()}}}]}}
+                       "name": CONTAINER_NAME, "state": {"terminated": {"exitCode": code, "message": text}}}]}}
             job["pods"] = [pod]
 
     # ------------------------------------------------------------------ one step of the shell

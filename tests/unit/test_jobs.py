@@ -193,3 +193,23 @@ def test_affinity_and_tolerations_reach_the_pod_as_written():
     spec = TuningRunSpec.model_validate(doc)
     pod = _pod(spec.targets[0], spec)
     assert pod["tolerations"] == tolerations and pod["affinity"] == affinity
+
+
+def test_a_batch_job_carries_its_trials_and_is_never_retried_by_the_job_controller():
+    import json
+
+    from fleettune.jobs import entries_of
+    from fleettune.labels import CONFIG_KEYS_ANNOTATION, TRIAL_LABEL
+    from fleettune_job.protocol import Batch
+
+    spec = SPEC
+    configs = [{"block_size_x": 16 * (n + 1)} for n in range(3)]
+    job = render_job(run="conv", namespace="ns", uid="u", spec=spec, target=spec.targets[0], index=7,
+                     config=configs[0], config_key="k0", batch=[(configs[1], "k1"), (configs[2], "k2")])
+    assert entries_of(job) == [(7, configs[0]), (8, configs[1]), (9, configs[2])]
+    assert job["metadata"]["labels"][TRIAL_LABEL] == "7"
+    assert json.loads(job["metadata"]["annotations"][CONFIG_KEYS_ANNOTATION]) == ["k0", "k1", "k2"]
+    assert job["spec"]["backoffLimit"] == 0 and "podFailurePolicy" not in job["spec"]
+    assert job["spec"]["activeDeadlineSeconds"] == 3 * spec.budget.trial_timeout_seconds + 120
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
+    assert Batch.model_validate_json(env).timeout_s == spec.budget.trial_timeout_seconds

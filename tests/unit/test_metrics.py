@@ -28,15 +28,26 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
 
 
 def test_trials_are_counted_by_outcome_and_target(m: Metrics) -> None:
-    m.trial_recorded("ns", "conv", "a100", "ok", duration_s=1.5, queue_wait_s=0.2)
-    m.trial_recorded("ns", "conv", "a100", "ok", duration_s=2.5)
-    m.trial_recorded("ns", "conv", "rtx", "compile_error", duration_s=0.1)
+    m.trial_recorded("ns", "conv", "a100", "ok", gpu_s=1.5)
+    m.trial_recorded("ns", "conv", "a100", "ok", gpu_s=2.5)
+    m.trial_recorded("ns", "conv", "rtx", "compile_error")
     ok = {"namespace": "ns", "run": "conv", "target": "a100"}
     assert value(m, "fleettune_trials_total", **ok, outcome="ok") == 2
     assert value(m, "fleettune_trials_total", namespace="ns", run="conv", target="rtx", outcome="compile_error") == 1
     assert value(m, "fleettune_trial_duration_seconds_count", **ok) == 2
     assert value(m, "fleettune_trial_duration_seconds_sum", **ok) == pytest.approx(4.0)
-    # A missing timing is not observed as zero (it would drag the quantiles down).
+    assert value(m, "fleettune_gpu_busy_seconds_total", **ok) == pytest.approx(4.0)
+    # A configuration that never reached the GPU has no GPU time (not a zero dragging quantiles down).
+    assert value(m, "fleettune_trial_duration_seconds_count", namespace="ns", run="conv", target="rtx") is None
+
+
+def test_a_pod_is_timed_once_whatever_its_batch(m: Metrics) -> None:
+    m.pod_finished("ns", "conv", "a100", duration_s=30.0, queue_wait_s=0.2, gpus=2)
+    m.pod_finished("ns", "conv", "a100", duration_s=10.0)
+    ok = {"namespace": "ns", "run": "conv", "target": "a100"}
+    assert value(m, "fleettune_pod_duration_seconds_count", **ok) == 2
+    assert value(m, "fleettune_gpu_allocated_seconds_total", **ok) == pytest.approx(70.0)
+    # A missing timing is not observed as zero.
     assert value(m, "fleettune_trial_queue_wait_seconds_count", **ok) == 1
 
 
@@ -110,7 +121,8 @@ def test_suggestion_fit_stale_and_errors(m: Metrics) -> None:
 
 def test_forget_run_drops_only_that_run(m: Metrics) -> None:
     for run in ("conv", "gemm"):
-        m.trial_recorded("ns", run, "a100", "ok", 1.0, 1.0)
+        m.trial_recorded("ns", run, "a100", "ok", 1.0)
+        m.pod_finished("ns", run, "a100", 1.0, 1.0)
         m.pool_progress("ns", run, "a100", used=1, budget=5, in_flight=0, parallelism=1, best_ms=1.0)
         m.set_run_phase("ns", run, "Running")
         m.fingerprint_info("ns", run, "a100", product="A100", driver="1", cuda="12")
@@ -132,7 +144,8 @@ def test_forget_target_keeps_the_other_pools(m: Metrics) -> None:
 
 
 def test_names_follow_prometheus_conventions_and_labels_are_bounded(m: Metrics) -> None:
-    m.trial_recorded("ns", "conv", "a100", "ok", 1.0, 1.0)
+    m.trial_recorded("ns", "conv", "a100", "ok", 1.0)
+    m.pod_finished("ns", "conv", "a100", 1.0, 1.0)
     m.fingerprint_info("ns", "conv", "a100", product="A100", driver="1", cuda="12")
     families = [f for f in m.registry.collect() if f.name.startswith("fleettune_")]
     assert len(families) >= 14

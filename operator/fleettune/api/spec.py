@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from fleettune.api import kubernetes
 from fleettune.api.base import CEL, MAX_PREDICTIONS, MAX_TUNED_TARGETS, Model
+from fleettune_job.protocol import MAX_BATCH
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -268,6 +269,16 @@ class BudgetSpec(Model):
     deadline_seconds: int | None = Field(
         default=None, ge=1, le=30 * 86_400,
         description="Stop every pool this long after the run (or its current round) started; running trials end.",
+    )
+    trials_per_pod: int | None = Field(
+        default=None, ge=1, le=MAX_BATCH,
+        description="Configurations one trial Pod measures (one Pod start-up, one CUDA context; compiles run "
+        "ahead on the node's CPUs). Unset: chosen per pool from its first measurements to last about "
+        "podSeconds, at most 16. 1: one configuration per Pod (the most isolation).",
+    )
+    pod_seconds: int = Field(
+        default=60, ge=5, le=3600,
+        description="The trial Pod duration that batch sizes aim at when trialsPerPod is unset.",
     )
 
 

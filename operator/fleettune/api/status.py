@@ -89,7 +89,7 @@ class TrialCounts(Model):
         default=0, description="Configurations that failed (compile, launch, verification, timeout)."
     )
     infra_failed: int = Field(default=0, description="Trials lost to the infrastructure (not counted as completed).")
-    running: int = Field(default=0, description="Trial Jobs running now.")
+    running: int = Field(default=0, description="Trials (configurations) being measured now.")
 
 
 class TargetStatus(TrialCounts):
@@ -98,6 +98,11 @@ class TargetStatus(TrialCounts):
     problem_size: list[int] | None = Field(default=None, description="The problem size tuned, when several are.")
     phase: TargetPhase = Field(default="Pending", description="Pending, Running, Succeeded, Failed or Unschedulable.")
     budget: int = Field(default=0, description="Trials this pool may run (budget.trialsPerTarget).")
+    pods_running: int = Field(default=0, description="Trial Pods (Jobs) running now; each measures trialsPerPod.")
+    trials_per_pod: int | None = Field(
+        default=None, description="Configurations per trial Pod in the pool's latest Jobs (budget.trialsPerPod, "
+        "or the size chosen from the pool's first measurements)."
+    )
     space_size: int | None = Field(
         default=None, description="Valid configurations on this pool's GPU (at most 2^63-1 is shown)."
     )

@@ -4,7 +4,8 @@
 A Job is decided when the Job controller marks it Complete or Failed, or earlier, when the
 watch saw its Pod end decisively (`results.decisive_end`): the record is taken then, so
 the pool's next trial starts at once, and the Job is deleted once the Job controller is
-done with it (one deleted earlier leaves its Pod to the slower orphan path).
+done with it (one deleted earlier leaves its Pod to the slower orphan path). A batch Job
+gives one record per configuration, stored together.
 """
 
 from __future__ import annotations
@@ -14,19 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleettune.controller.reporting import Report
+from fleettune.jobs import entries_of, work_of
 from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune.metrics import TrialTimings, trial_timings
-from fleettune.results import TrialRecord, job_finished, record_from_job
+from fleettune.results import TrialRecord, job_finished, record_from_job, records_from_batch_job
 from fleettune.sizes import size_of_key
-from fleettune_job.protocol import TRIAL_ENV, Trial
+from fleettune_job.protocol import Batch
 
 Job = dict[str, Any]
 RecordKey = tuple[int, str, int]  # (round, pool key, trial index): what the store is keyed by
 
 
-def trial_of(job: Job) -> Trial:
-    env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
-    return Trial.from_env(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
 
 
 def round_of(job: Job) -> int:
@@ -64,7 +63,7 @@ class Plan:
     `delete_now`; create `create`; delete `delete_after` (Jobs whose records are stored)."""
 
     records: list[TrialRecord] = field(default_factory=list)
-    timings: dict[tuple[str, int], TrialTimings] = field(default_factory=dict)
+    timings: dict[str, TrialTimings] = field(default_factory=dict)  # by Job name: its Pod's
     delete_now: list[str] = field(default_factory=list)
     create: list[Job] = field(default_factory=list)
     delete_after: list[str] = field(default_factory=list)
@@ -78,15 +77,17 @@ class Plan:
         return self.report is not None and self.report.finished and not self.settling
 
 
+def recorded(job: Job, stored: Container[RecordKey]) -> bool:
+    """Whether every trial of the Job is in the store (a batch's records are stored together;
+    checking each also covers a crash between two writes)."""
+    target, _ = job_labels(job)
+    return all((round_of(job), target, index) in stored for index, _ in entries_of(job))
+
+
 def pods_needed(jobs: Sequence[Job], ended: Mapping[str, Job], stored: Container[RecordKey]) -> list[Job]:
     """The finished Jobs whose Pods must be read to record them (no decisive Pod seen)."""
-    out = []
-    for job in jobs:
-        if job_finished(job) and job["metadata"]["name"] not in ended:
-            target, index = job_labels(job)
-            if (round_of(job), target, index) not in stored:
-                out.append(job)
-    return out
+    return [job for job in jobs
+            if job_finished(job) and job["metadata"]["name"] not in ended and not recorded(job, stored)]
 
 
 def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[Job]]:
@@ -97,7 +98,7 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
     running: dict[str, list[Job]] = {}
     for job in obs.jobs:
         name = job["metadata"]["name"]
-        target, index = job_labels(job)
+        target, _ = job_labels(job)
         ended = obs.ended.get(name)
         if not job_finished(job) and ended is None:
             if rounds.get(target) != round_of(job):
@@ -111,15 +112,19 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
         # controller to record it and start the next trial. Deleting it can wait: a Job
         # deleted before the Job controller is done with it leaves its Pod to the slower
         # orphan path (the tracking finalizer), and the Pod lingers.
-        if (round_of(job), target, index) not in obs.stored:
+        if not recorded(job, obs.stored):
             pods = [ended] if ended is not None else obs.pods.get(name)
             if pods is None:
                 continue  # its Pods were not read: recorded (and deleted) on a later step
-            trial = trial_of(job)
-            several = size_of_key(target) is not None  # one of several problem sizes
-            plan.records.append(record_from_job(job, pods, trial.config, round_of(job),
-                                                trial.problem_size if several else None))
-            plan.timings[(target, index)] = trial_timings(job, pods)
+            work = work_of(job)
+            size = work.problem_size if size_of_key(target) is not None else None  # one of several sizes
+            if isinstance(work, Batch):
+                new = records_from_batch_job(job, pods, work, round_of(job), size)
+            else:
+                new = [record_from_job(job, pods, work.config, round_of(job), size)]
+            # A record already stored (a crash between two of a batch's writes) is not stored twice.
+            plan.records += [r for r in new if (r.round, r.target, r.index) not in obs.stored]
+            plan.timings[name] = trial_timings(job, pods)
         if ended is None:
             plan.delete_after.append(name)
         else:

@@ -29,23 +29,24 @@ from fleettune.controller.fleet import (
     waits_for_nodes,
 )
 from fleettune.controller.lifecycle import PoolPhase
-from fleettune.controller.plan import Job, Observed, Plan, Suggested, collect, job_labels, trial_of
+from fleettune.controller.plan import Job, Observed, Plan, Suggested, collect
 from fleettune.controller.pool import Pool, build_search, make_study
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
 from fleettune.controller.warmstart import WarmStarts
 from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
-from fleettune.jobs import render_job
+from fleettune.jobs import entries_of, render_job
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
+from fleettune.optimize.batching import batch_size
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
 from fleettune.results import TrialRecord
 from fleettune.sizes import pool_key
 
 NODE_RECHECK_S = 30.0
-
+AUTO_MAX_BATCH = 16  # trials per Pod when the size is chosen: beyond it the optimiser suggests blind
 
 
 class Planner:
@@ -352,27 +353,31 @@ class Planner:
         mine = pool.records(records)
         observations = sum(r.is_observation for r in mine)
         infra = [r for r in mine if not r.is_observation]
+        in_flight = [entry for job in running for entry in entries_of(job)]
         rules = Budget(budget.trials_per_target, budget.max_infra_failures, budget.deadline_seconds)
         progress = Progress(
-            observations=observations, infra_failures=len(infra), elapsed_s=obs.wall - (pool.round_started or obs.wall),
-            running=len(running), last_infra_error=next((r.error for r in reversed(infra) if r.error), ""),
+            # A batch Pod that died is one failure of the infrastructure, however many trials it held.
+            observations=observations, infra_failures=len({r.job or r.index for r in infra}),
+            elapsed_s=obs.wall - (pool.round_started or obs.wall), running=len(running),
+            last_infra_error=next((r.error for r in reversed(infra) if r.error), ""),
             study_reason=pool.study.should_stop(patience=budget.patience) if budget.patience is not None else None,
         )
         if self._ends(pool, running, plan, pool_verdict(rules, progress)):
             return
         parallel = budget.parallelism if pool.nodes_missing_since is None else PENDING_WITHOUT_NODES
-        want = min(parallel - len(running), budget.trials_per_target - observations - len(running))
-        if want <= 0:
+        slots = parallel - len(running)
+        left = budget.trials_per_target - observations - len(in_flight)
+        if slots <= 0 or left <= 0:
             return
-        pending = [trial_of(j).config for j in running]
-        configs: list[dict[str, Any]] = []
+        pending = [config for _, config in in_flight]
         keys = {r.key for r in mine if r.is_observation} | {pool.space.key(c) for c in pending}
-        if pool.default_config is not None and pool.default_key not in keys:
-            configs.append(pool.default_config)  # measured first in every round: the speed-up's baseline
-        if want > len(configs):
+        default_first = pool.default_config is not None and pool.default_key not in keys
+        sizes = self._batch_sizes(pool, mine, slots, left, default_first)
+        configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
+        if sum(sizes) > len(configs):
             started = time.perf_counter()
             try:
-                suggested = pool.study.suggest(want - len(configs), pending + configs)
+                suggested = pool.study.suggest(sum(sizes) - len(configs), pending + configs)
             except Exception as exc:  # a strategy that cannot suggest would fail the same way forever
                 self.log.exception("%s: the strategy failed", pool.key)
                 message = f"spec.strategy: the strategy failed: {exc}"[:500]
@@ -389,18 +394,45 @@ class Planner:
         if not configs:
             self._ends(pool, running, plan, pool_verdict(rules, replace(progress, exhausted=True)))
             return
-        used = [r.index for r in pool.records(records, all_rounds=True)] + [job_labels(j)[1] for j in running]
+        used = [r.index for r in pool.records(records, all_rounds=True)] + [i for i, _ in in_flight]
         index = max(used, default=-1) + 1
         pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
         avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
-        for i, config in enumerate(configs):
+        for size in sizes:
+            group, configs = configs[:size], configs[size:]
+            if not group:
+                break
+            keyed = [(c, pool.space.key(c)) for c in group]
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
-                index=index + i, config=config, config_key=pool.space.key(config), pin=pin, node_expressions=avoid,
+                index=index, config=group[0], config_key=keyed[0][1], pin=pin, node_expressions=avoid,
                 key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest, policy=self.policy,
+                batch=keyed[1:],
             )
+            index += len(group)
             body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
             if pool.nodes_missing_since is not None:  # its wait for a node must not time the trial out
                 body["spec"]["activeDeadlineSeconds"] += int(self.node_wait_s)
             plan.create.append(body)
             running.append(body)
+        pool.trials_per_pod = max(sizes)
+
+    def _batch_sizes(self, pool: Pool, mine: Sequence[TrialRecord], slots: int, left: int,
+                     default_first: bool) -> list[int]:
+        """Trials per new Pod, one size per free slot, `left` at most in all. The default
+        configuration runs alone first: it is the baseline, and its time sizes the batches."""
+        assert self.spec is not None
+        budget = self.spec.budget
+        if budget.trials_per_pod is not None:
+            k = budget.trials_per_pod
+        else:
+            measured = [r.run_s for r in mine if r.run_s is not None and r.is_observation]
+            k = batch_size(measured, float(budget.pod_seconds), AUTO_MAX_BATCH, left) if measured else 1
+        sizes = [1] if default_first else []
+        left -= len(sizes)
+        # Spread what is left of the budget over the free slots rather than filling the first.
+        k = max(1, min(k, -(-left // max(slots - len(sizes), 1))))
+        while len(sizes) < slots and left > 0:
+            sizes.append(min(k, left))
+            left -= sizes[-1]
+        return sizes

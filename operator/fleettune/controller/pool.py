@@ -64,6 +64,7 @@ class Pool:
     default_key: str | None = None
     default_config: dict[str, Any] | None = None
     observed: set[int] = field(default_factory=set)
+    trials_per_pod: int = 1  # of the pool's latest trial Pod
     next_check: float = 0.0
     nodes_missing_since: float | None = None  # epoch seconds: none of its nodes exists (scaled to zero)
 

@@ -15,6 +15,7 @@ from typing import Any
 from fleettune.api import TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.pool import Pool, iso_time
+from fleettune.jobs import entries_of
 from fleettune.results import TrialRecord
 from fleettune.status import TOP_K, fit_status, run_status, status_budget, target_status
 
@@ -58,10 +59,11 @@ class Reporter:
         for pool in pools.values():
             status = target_status(
                 name=pool.key, phase=pool.phase.value, budget=spec.budget.trials_per_target,
-                records=pool.records(records), running=len(running.get(pool.key, [])),
+                records=pool.records(records), running=sum(len(entries_of(j)) for j in running.get(pool.key, [])),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
                 message=pool.message, tuning_round=pool.round, stale=pool.stale,
                 tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,
+                pods_running=len(running.get(pool.key, [])), trials_per_pod=pool.trials_per_pod,
             )
             update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
             if pool.key != pool.spec.name:

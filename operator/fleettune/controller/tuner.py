@@ -133,8 +133,15 @@ class RunLoop:
     async def _apply(self, plan: Plan) -> None:
         if plan.records:  # durable before any Job they came from is deleted
             stored = await asyncio.to_thread(self.store.append, plan.records)
+            pods: dict[str, str] = {}  # Job name -> pool key, of the Pods whose records were stored
             for rec in stored:
-                self._recorded(rec, plan.timings.get((rec.target, rec.index), TrialTimings()))
+                self._recorded(rec)
+                pods[rec.job] = rec.target
+            for job, target in pods.items():
+                timings = plan.timings.get(job, TrialTimings())
+                pool = self.planner.pools.get(target)
+                self.metrics.pod_finished(self.namespace, self.name, target, timings.duration_s,
+                                          timings.queue_wait_s, gpus=pool.spec.gpus if pool else 1)
         await self._delete_jobs(plan.delete_now)
         await asyncio.gather(*(asyncio.to_thread(self.kube.create_job, self.namespace, b) for b in plan.create))
         for s in plan.suggested:
@@ -150,10 +157,8 @@ class RunLoop:
                                          entries(self.planner.pools.values(), self.store.records))
         await self._write_status(plan.report)
 
-    def _recorded(self, rec: TrialRecord, timings: TrialTimings) -> None:
-        self.metrics.trial_recorded(
-            self.namespace, self.name, rec.target, rec.outcome.value, timings.duration_s, timings.queue_wait_s
-        )
+    def _recorded(self, rec: TrialRecord) -> None:
+        self.metrics.trial_recorded(self.namespace, self.name, rec.target, rec.outcome.value, rec.run_s)
         self.log.info(
             "trial %s/%d: %s%s", rec.target, rec.index, rec.outcome.value,
             f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",

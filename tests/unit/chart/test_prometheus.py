@@ -46,13 +46,15 @@ def _filled() -> metrics.Metrics:
                     fingerprint=fp),
         TrialRecord(target="a100", index=2, config={"b": 64}, key="b=64", outcome=Outcome.COMPILE_ERROR),
     ]
-    targets = [target_status(name="a100", phase="Running", budget=40, records=recs, running=2, default_key="b=16"),
+    targets = [target_status(name="a100", phase="Running", budget=40, records=recs, running=2, default_key="b=16",
+                             pods_running=1, trials_per_pod=4),
                target_status(name="orin", phase="Unschedulable", budget=40, records=[], running=0)]
     status = run_status(previous=None, generation=1, phase="Running", targets=targets, results=None,
                         reason="Tuning", message="").model_dump(by_alias=True, exclude_none=True, mode="json")
     m.observe_status("team-a", "conv", status, parallelism=4)
     for outcome in ("ok", "compile_error", "infra_error"):
-        m.trial_recorded("team-a", "conv", "a100", outcome, duration_s=1.5, queue_wait_s=0.4)
+        m.trial_recorded("team-a", "conv", "a100", outcome, gpu_s=0.5)
+    m.pod_finished("team-a", "conv", "a100", duration_s=1.5, queue_wait_s=0.4)
     m.suggestion_latency("team-a", "conv", "a100", 0.02)
     m.model_fit_latency("team-a", "conv", "a100", 0.7)
     m.reconcile_error("team-a", "conv")

@@ -1,0 +1,88 @@
+"""Batched trial Pods driven through whole runs with no API server: sizes, budgets, and a
+Pod that dies mid-batch (tests/unit/fleet_double.py plays the cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_double import FakeFleet
+from test_planner import DEFAULT, SPEC, timed
+
+from fleettune.jobs import entries_of
+from fleettune_job.protocol import Outcome, TrialResult
+
+
+def gpu_timed(seconds: float) -> Any:
+    """`timed`, with the GPU time the job reports for each configuration."""
+    def measure(config: dict[str, Any]) -> TrialResult:
+        result = timed(config)
+        return result.model_copy(update={"run_s": seconds}) if result.outcome == Outcome.OK else result
+    return measure
+
+
+def fleet(measure: Any = timed, **budget: Any) -> FakeFleet:
+    return FakeFleet(spec={**SPEC, "budget": {**SPEC["budget"], **budget}}, measure=measure)
+
+
+def run(f: FakeFleet, steps: int = 60, **finish: Any) -> list[list[int]]:
+    """Step the run to its end; the batch sizes of the Jobs it created, per step."""
+    sizes = []
+    for _ in range(steps):
+        plan = f.step()
+        sizes.append([len(entries_of(j)) for j in plan.create])
+        if plan.finished:
+            return sizes
+        f.finish(**finish)
+        f.advance(5)
+    raise AssertionError("the run did not finish")
+
+
+def test_fixed_batches_spend_the_budget_exactly_after_the_default_alone() -> None:
+    f = fleet(trialsPerTarget=20, parallelism=2, trialsPerPod=4)
+    sizes = run(f)
+    assert sizes[0] == [1, 4]  # the baseline alone, a batch beside it
+    assert max(max(s, default=0) for s in sizes) == 4
+    records = f.records_of()
+    assert records[0].config == DEFAULT
+    assert sum(r.is_observation for r in records) == 20
+    assert len({r.index for r in records}) == len(records)  # one record per trial, none twice
+    assert len(f.created) < 20  # fewer Pods than trials
+    assert f.target()["trialsPerPod"] == 4
+
+
+def test_chosen_batches_aim_at_the_pod_duration_from_the_first_measurements() -> None:
+    f = fleet(measure=gpu_timed(2.0), trialsPerTarget=40, parallelism=2, podSeconds=20)
+    sizes = run(f)
+    assert sizes[0] == [1, 1]  # nothing measured yet: one configuration per Pod
+    later = [k for s in sizes[2:] for k in s]
+    assert later and max(later) > 1 and max(later) <= 16
+    assert sum(r.is_observation for r in f.records_of()) == 40
+
+
+def test_one_trial_per_pod_keeps_todays_jobs() -> None:
+    f = fleet(measure=gpu_timed(0.5), trialsPerTarget=8, trialsPerPod=1)
+    sizes = run(f)
+    assert {k for s in sizes for k in s} == {1}
+    assert len(f.created) == 8
+
+
+def test_a_pod_killed_mid_batch_keeps_its_answers_and_records_nothing_invalid() -> None:
+    f = fleet(trialsPerTarget=10, parallelism=1, trialsPerPod=5, maxInfraFailures=3)
+    f.step()
+    f.finish()  # the default, alone
+    f.advance(5)
+    f.step()
+    (job,) = f.running()
+    batch = entries_of(job)
+    f.finish(answered=2)  # evicted after two answers
+    f.advance(5)
+    f.step()
+    records = {r.index: r for r in f.records_of()}
+    answered, lost = batch[:2], batch[2:]
+    assert all(records[i].outcome == timed(c).outcome for i, c in answered)
+    assert all(records[i].outcome == Outcome.INFRA_ERROR and "not measured" in records[i].error for i, _ in lost)
+    # One Pod lost is one infrastructure failure, not three: the pool keeps tuning.
+    assert f.target()["phase"] == "Running"
+    sizes = run(f)
+    assert sum(r.is_observation for r in f.records_of()) == 10
+    assert sizes  # and it finished
