@@ -220,10 +220,11 @@ def records_from_batch_job(
         why.append("no trial pod is left to read results from")
     missing = infra_failure("not measured: the batch ended before this configuration"
                             + (f" ({'; '.join(why)})" if why else ""))
+    last = _last_pod(pods)
     out = []
     for n, entry in enumerate(batch.entries):
-        result, pod = answered.get(entry.index, (missing, _last_pod(pods)))
-        out.append(_record(job, entry.index, entry.config, keys[n], result, pod, pool_round, problem_size))
+        result, by = answered.get(entry.index, (missing, last))
+        out.append(_record(job, entry.index, entry.config, keys[n], result, by, pool_round, problem_size))
     return out
 
 
