@@ -19,6 +19,7 @@ from fleettune.report import (
     pool_reports,
     print_table,
     render_html,
+    summary,
 )
 from fleettune.results import TrialRecord
 from fleettune.status import run_status, target_status
@@ -194,3 +195,12 @@ def test_the_report_module_does_not_import_matplotlib():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "fleettune[report]" in proc.stdout
+
+
+def test_a_pool_report_counts_pods_and_gpu_time_of_batches(run: dict) -> None:
+    recs = [TrialRecord(target="a100", index=i, config={"b": i}, key=str(i), outcome=Outcome.OK, objective=1.0 + i,
+                        job=f"conv-a100-{4 * (i // 4):04d}", run_s=0.25) for i in range(10)]
+    (pool, *_) = pool_reports(run, recs)
+    assert (pool.valid, pool.pods, pool.gpu_s) == (10, 3, 2.5)
+    (row, *_) = summary([pool])
+    assert (row["pods"], row["gpuSeconds"]) == (3, 2.5)
