@@ -199,3 +199,26 @@ def _classify_cuda(name: str | None, names: set[str], message: str, phase: Phase
     }
     outcome, label = by_phase.get(phase, (Outcome.INFRA_ERROR, f"GPU failure during {phase}"))
     return outcome, short(f"{label}: {message}")
+
+
+# Errors after which the CUDA context is unusable: every later call of the process fails
+# with the same error, so the next configuration needs a fresh process. A refused launch
+# (too many resources, bad geometry) leaves the context intact.
+_STICKY = {
+    "ILLEGAL_ADDRESS", "MISALIGNED_ADDRESS", "ILLEGAL_INSTRUCTION", "HARDWARE_STACK_ERROR", "LAUNCH_FAILED",
+    "LAUNCH_FAILURE", "ASSERT", "INVALID_ADDRESS_SPACE", "INVALID_PC", "EXCEPTION", "LAUNCH_TIMEOUT",
+    "ECC_UNCORRECTABLE", "NVLINK_UNCORRECTABLE", "CONTAINED", "UNKNOWN",
+}
+_CONTEXT_SAFE = {Outcome.OK, Outcome.COMPILE_ERROR, Outcome.CORRECTNESS_ERROR}
+
+
+def poisons_context(outcome: Outcome, error: str) -> bool:
+    """Whether a process that answered ``outcome`` with ``error`` may have lost its CUDA context."""
+    if outcome in _CONTEXT_SAFE:
+        return False
+    name = cuda_error_name(error)
+    if name is not None:
+        return name in _STICKY
+    # A fault without a CUDA error name to go by: a fresh process costs a second, a
+    # poisoned one every later configuration of the batch.
+    return outcome == Outcome.RUNTIME_ERROR

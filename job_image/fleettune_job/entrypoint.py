@@ -1,8 +1,12 @@
 """``fleettune-job``: the container's entrypoint.
 
-It reads the trial (``FLEETTUNE_TRIAL``, or ``--trial`` / ``--trial-file`` for local use),
-runs it in a worker process under a watchdog, writes exactly one result document to the
-termination log and exits with the result's exit code.
+It reads the work (``FLEETTUNE_TRIAL``, or ``--trial`` / ``--trial-file`` for local use):
+one trial, or a batch of configurations of one target.
+
+For one trial it runs the trial in a worker process under a watchdog, writes exactly one
+result document to the termination log and exits with the result's exit code. A batch
+goes to :mod:`fleettune_job.batch`, which streams one answer per configuration into the
+termination log.
 
 Why a separate worker process: a hung kernel blocks its host thread inside the CUDA
 driver, where no Python-level timer can interrupt it, and a kernel fault leaves the CUDA
@@ -14,60 +18,58 @@ exit 14 itself; the kubelet then sees both the message and the exit code.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 
 from pydantic import ValidationError
 
-from fleettune_job.classify import Phase, short
 from fleettune_job.protocol import (
     TERMINATION_LOG,
     TRIAL_ENV,
-    Fingerprint,
-    Outcome,
+    Batch,
     ProtocolError,
     Trial,
     TrialResult,
     decode,
     infra_failure,
 )
+from fleettune_job.watchdog import (
+    StopSignals,
+    Terminated,
+    death_result,
+    kill,
+    read_progress,
+    terminated_result,
+    timeout_result,
+)
 
 TERMINATION_LOG_ENV = "FLEETTUNE_TERMINATION_LOG"
 WORKER_MODULE = "fleettune_job.worker"
-# Time the worker gets to exit after SIGKILL before we stop waiting for it.
-REAP_TIMEOUT_S = 10.0
-# Phases before the kernel exists, and the reference's run: a timeout there is not the
-# configuration's fault.
-_INFRA_PHASES = {Phase.DEVICE, Phase.SETUP, Phase.ALLOCATE, Phase.REFERENCE}
 
 
 class TrialInputError(ValueError):
     """No usable trial was given to the job."""
 
-
-class Terminated(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+    def __init__(self, message: str, *, batch: bool = False) -> None:
+        super().__init__(message)
+        self.batch = batch  # the work was meant as a batch: its answer must be a batch result
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="fleettune-job",
-        description="Compile, verify and time one kernel configuration; report one result document.",
+        description="Compile, verify and time kernel configurations (one trial, or a batch of one target); "
+                    "report the verdicts in the termination log.",
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--trial", metavar="JSON", help=f"the trial as JSON (default: ${TRIAL_ENV})")
-    source.add_argument("--trial-file", metavar="PATH", type=Path, help="read the trial JSON from a file")
+    source.add_argument("--trial", metavar="JSON", help=f"the trial or batch as JSON (default: ${TRIAL_ENV})")
+    source.add_argument("--trial-file", metavar="PATH", type=Path, help="read the trial or batch JSON from a file")
     parser.add_argument(
         "--termination-log", metavar="PATH", type=Path,
         help=f"where the result goes (default: ${TERMINATION_LOG_ENV} or {TERMINATION_LOG})",
@@ -81,25 +83,54 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_trial(args: argparse.Namespace, environ: Mapping[str, str]) -> Trial:
+def _work_text(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The work's JSON text and where it came from."""
     if args.trial is not None:
-        text, where = args.trial, "--trial"
-    elif args.trial_file is not None:
+        return args.trial, "--trial"
+    if args.trial_file is not None:
         try:
-            text = args.trial_file.read_text()
+            return args.trial_file.read_text(), str(args.trial_file)
         except OSError as exc:
             raise TrialInputError(f"cannot read {args.trial_file}: {exc.strerror or exc}") from None
-        where = str(args.trial_file)
-    elif environ.get(TRIAL_ENV):
-        text, where = environ[TRIAL_ENV], f"${TRIAL_ENV}"
-    else:
-        raise TrialInputError(f"no trial given (set ${TRIAL_ENV}, or pass --trial or --trial-file)")
+    if environ.get(TRIAL_ENV):
+        return environ[TRIAL_ENV], f"${TRIAL_ENV}"
+    raise TrialInputError(f"no trial given (set ${TRIAL_ENV}, or pass --trial or --trial-file)")
+
+
+def _invalid(what: str, where: str, exc: ValidationError) -> TrialInputError:
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or what
+    return TrialInputError(f"invalid {what} in {where}: {loc}: {first['msg']}", batch=what == "batch")
+
+
+def _trial(text: str, where: str) -> Trial:
     try:
         return Trial.from_env(text)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "trial"
-        raise TrialInputError(f"invalid trial in {where}: {loc}: {first['msg']}") from None
+        raise _invalid("trial", where, exc) from None
+
+
+def _is_batch(text: str) -> bool:
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return False  # the trial parser reports it, as it always has
+    return isinstance(raw, dict) and "entries" in raw
+
+
+def load_trial(args: argparse.Namespace, environ: Mapping[str, str]) -> Trial:
+    return _trial(*_work_text(args, environ))
+
+
+def load_work(args: argparse.Namespace, environ: Mapping[str, str]) -> Trial | Batch:
+    """One trial, or a batch (a document with ``entries``; see ``protocol.parse_work``)."""
+    text, where = _work_text(args, environ)
+    if not _is_batch(text):
+        return _trial(text, where)
+    try:
+        return Batch.model_validate_json(text)
+    except ValidationError as exc:
+        raise _invalid("batch", where, exc) from None
 
 
 def termination_log_path(args: argparse.Namespace, environ: Mapping[str, str]) -> Path:
@@ -119,18 +150,6 @@ def write_result(result: TrialResult, path: Path) -> None:
     print(text, flush=True)
 
 
-def _read_progress(path: Path) -> tuple[Phase | None, Fingerprint]:
-    try:
-        raw = json.loads(path.read_text())
-        return Phase(raw["phase"]), Fingerprint.model_validate(raw.get("fingerprint", {}))
-    except (OSError, ValueError, KeyError, TypeError, ValidationError):
-        return None, Fingerprint()
-
-
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated(signum)
-
-
 def supervise(trial: Trial, python: str = sys.executable, worker_module: str | None = None,
               extra_env: Mapping[str, str] | None = None) -> TrialResult:
     """Run the trial in a worker process; kill it at ``trial.timeout_s``."""
@@ -142,50 +161,24 @@ def supervise(trial: Trial, python: str = sys.executable, worker_module: str | N
         env = dict(os.environ) | dict(extra_env or {}) | {TRIAL_ENV: trial.to_env()}
         cmd = [python, "-m", worker_module, "--result-file", str(result_file),
                "--progress-file", str(progress_file)]
-        previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGINT)}
         proc: subprocess.Popen[bytes] | None = None
         try:
-            proc = subprocess.Popen(cmd, env=env)
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            with StopSignals():
+                proc = subprocess.Popen(cmd, env=env)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            _kill(proc)
-            phase, fingerprint = _read_progress(progress_file)
-            where = f" while in phase {phase}" if phase else ""
-            outcome = Outcome.INFRA_ERROR if phase in _INFRA_PHASES or phase is None else Outcome.TIMEOUT
-            return TrialResult(outcome=outcome, fingerprint=fingerprint,
-                               error=f"no result within the {trial.timeout_s:g} s timeout{where}; worker killed")
+            kill(proc)
+            return timeout_result(trial.timeout_s, *read_progress(progress_file))
         except Terminated as exc:
-            _kill(proc)
-            phase, fingerprint = _read_progress(progress_file)
-            where = f" while in phase {phase}" if phase else ""
-            # Eviction, node drain or the Job's own deadline: never the configuration's fault.
-            return TrialResult(outcome=Outcome.INFRA_ERROR, fingerprint=fingerprint,
-                               error=f"terminated by {exc}{where}")
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            kill(proc)
+            return terminated_result(exc, *read_progress(progress_file))
 
         if result_file.exists():
             try:
                 return decode(result_file.read_text())
             except (OSError, ProtocolError) as exc:
                 return infra_failure(f"worker wrote an invalid result: {exc}")
-        phase, fingerprint = _read_progress(progress_file)
-        code = proc.returncode
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        where = f" in phase {phase}" if phase else ""
-        hint = " (out of memory?)" if code == -signal.SIGKILL else ""
-        return TrialResult(outcome=Outcome.INFRA_ERROR, fingerprint=fingerprint,
-                           error=short(f"worker {how}{hint}{where} without a result"))
-
-
-def _kill(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.kill()
-    # A process stuck in an uninterruptible driver call may not die: the container's exit reaps it.
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=REAP_TIMEOUT_S)
+        return death_result(proc.returncode, *read_progress(progress_file))
 
 
 def list_kernels() -> str:
@@ -201,16 +194,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     log_path = termination_log_path(args, os.environ)
     try:
-        trial = load_trial(args, os.environ)
+        work = load_work(args, os.environ)
     except TrialInputError as exc:
+        if exc.batch:
+            from fleettune_job.batch import BatchLog
+
+            return BatchLog(log_path).finish(error=str(exc)).exit_code
         result = infra_failure(str(exc))
     else:
+        if isinstance(work, Batch):
+            from fleettune_job import batch
+            from fleettune_job.ahead import AheadOptions
+
+            if args.in_process:
+                return batch.run_in_process(work, log_path).exit_code
+            return batch.run_batch(work, log_path, ahead=AheadOptions.from_environment(os.environ)).exit_code
         if args.in_process:
             from fleettune_job.runner import run_trial
 
-            result = run_trial(trial)
+            result = run_trial(work)
         else:
-            result = supervise(trial)
+            result = supervise(work)
     write_result(result, log_path)
     return result.exit_code
 

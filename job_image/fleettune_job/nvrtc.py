@@ -20,6 +20,10 @@ from functools import cache
 from pathlib import Path
 
 NVRTC_ENV = "FLEETTUNE_NVRTC"
+# nvrtcResult: the source does not compile (any other failure is an option the library
+# refuses, such as an architecture newer than it knows, or the library itself).
+NVRTC_ERROR_INVALID_OPTION = 5
+NVRTC_ERROR_COMPILATION = 6
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,13 @@ class Compiled:
     ok: bool
     log: str
     ptx: str = ""  # with a virtual architecture (compute_XX): the PTX, which names the entry points
+    cubin: bytes = b""  # with a real architecture (sm_XX), when asked for
+    status: int = 0  # nvrtcCompileProgram's nvrtcResult
+
+    @property
+    def source_error(self) -> bool:
+        """The source itself does not compile (rather than an option the library refuses)."""
+        return self.status == NVRTC_ERROR_COMPILATION
 
     def has_entry(self, function: str) -> bool:
         """Whether the PTX defines a kernel named ``function`` (extern "C", so unmangled)."""
@@ -40,7 +51,9 @@ def library() -> ctypes.CDLL | None:
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
         candidates.append(str(Path(root) / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"))
-    candidates += [ctypes.util.find_library("nvrtc") or "", "/usr/local/cuda/lib64/libnvrtc.so"]
+    # The CUDA runtime images ship only the versioned library (the unversioned link is in -devel).
+    candidates += [ctypes.util.find_library("nvrtc") or "", "libnvrtc.so.12", "/usr/local/cuda/lib64/libnvrtc.so.12",
+                   "/usr/local/cuda/lib64/libnvrtc.so"]
     for path in candidates:
         if path:
             try:
@@ -63,8 +76,9 @@ def arch_option(compute_capability: str, *, virtual: bool = False) -> str:
     return f"-arch={'compute' if virtual else 'sm'}_{digits}"
 
 
-def compile_source(source: str, options: Sequence[str], name: str = "kernel.cu") -> Compiled:
-    """Compile ``source`` with NVRTC; raises RuntimeError when libnvrtc is missing."""
+def compile_source(source: str, options: Sequence[str], name: str = "kernel.cu", *, cubin: bool = False) -> Compiled:
+    """Compile ``source`` with NVRTC (and return the cubin when ``cubin``: needs ``-arch=sm_XX``);
+    raises RuntimeError when libnvrtc is missing."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"libnvrtc not found (install nvidia-cuda-nvrtc-cu12 or set {NVRTC_ENV})")
@@ -73,7 +87,8 @@ def compile_source(source: str, options: Sequence[str], name: str = "kernel.cu")
         raise RuntimeError("nvrtcCreateProgram failed")
     try:
         opts = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
-        ok = lib.nvrtcCompileProgram(prog, len(options), opts) == 0
+        status = lib.nvrtcCompileProgram(prog, len(options), opts)
+        ok = status == 0
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         buf = ctypes.create_string_buffer(size.value)
@@ -85,9 +100,20 @@ def compile_source(source: str, options: Sequence[str], name: str = "kernel.cu")
             out = ctypes.create_string_buffer(size.value)
             lib.nvrtcGetPTX(prog, out)
             ptx = out.value.decode(errors="replace")
-        return Compiled(ok, log, ptx)
+        binary = _cubin(lib, prog) if ok and cubin else b""
+        return Compiled(ok, log, ptx, binary, status)
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _cubin(lib: ctypes.CDLL, prog: ctypes.c_void_p) -> bytes:
+    size = ctypes.c_size_t()
+    if lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)) != 0 or not size.value:
+        return b""  # a virtual architecture: PTX only
+    out = ctypes.create_string_buffer(size.value)
+    if lib.nvrtcGetCUBIN(prog, out) != 0:
+        return b""
+    return out.raw
 
 
 def check_kernel(source: str, options: Sequence[str], function: str, compute_capability: str) -> str | None:

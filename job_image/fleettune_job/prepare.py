@@ -30,14 +30,25 @@ MAX_SOURCE_BYTES = 1 << 20
 
 
 class _Launchable:
-    """What both built-in and user builds derive from their defines and block size."""
+    """What both built-in and user builds derive from their source, defines and block size."""
 
+    source: str
+    function: str
     defines: dict[str, str]
     block: tuple[int, int, int]
 
     @property
     def options(self) -> tuple[str, ...]:
         return _options(self.defines)
+
+    @property
+    def key(self) -> str:
+        """Names the module this builds: the same source, options and function build the same
+        module (the worker's module cache and the cubins compiled ahead go by it)."""
+        digest = hashlib.sha256(self.source.encode())
+        for part in (*self.options, self.function):
+            digest.update(b"\0" + part.encode())
+        return digest.hexdigest()[:32]
 
     @property
     def threads_per_block(self) -> int:

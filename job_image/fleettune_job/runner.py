@@ -7,10 +7,9 @@ functions, so that the package imports on machines without CUDA.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +21,7 @@ from fleettune_job.fingerprint import device_fingerprint, device_limits
 from fleettune_job.kernels.base import compare
 from fleettune_job.prepare import KernelBuild, Prepared, PreparedUser, prepare
 from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
+from fleettune_job.resources import describe_launch
 from fleettune_job.timing import cuda_event_timer, measure, reported, summarize
 
 # Same data for every trial of a run, so that every configuration solves the same problem.
@@ -31,9 +31,11 @@ MEASURE_BUDGET = 0.8
 
 Progress = Callable[[Phase, Fingerprint], None]
 
-# Compiled modules of this process, keyed by source, options and function. Across
+# Compiled modules of this process, by build key (source, options and function). Across
 # processes cupy's own disk cache (CUPY_CACHE_DIR) avoids recompiling.
-_MODULES: dict[tuple[str, tuple[str, ...], str], tuple[Any, Any]] = {}
+_MODULES: dict[str, tuple[Any, Any]] = {}
+# Cubins a batch supervisor compiled ahead on the CPU, by build key: (path, compile seconds).
+_CUBINS: dict[str, tuple[str, float]] = {}
 
 
 def log(message: str) -> None:
@@ -55,17 +57,41 @@ def load_cupy() -> Any:
     return cupy
 
 
-def compile_kernel(cupy: Any, prepared: Prepared | KernelBuild) -> tuple[Any, Any, bool]:
-    """(module, kernel, cached). Module load happens here too, so loader errors
-    (PTX JIT, too much shared memory) surface in the compile phase."""
-    key = (hashlib.sha256(prepared.source.encode()).hexdigest(), prepared.options, prepared.function)
+def use_cubins(cubins: Mapping[str, tuple[str, float]]) -> None:
+    """Load these precompiled cubins (build key -> path, compile seconds) instead of compiling."""
+    _CUBINS.clear()
+    _CUBINS.update(cubins)
+
+
+def compile_kernel(cupy: Any, prepared: Prepared | KernelBuild) -> tuple[Any, Any, str]:
+    """(module, kernel, origin: ``cache``, ``cubin`` or ``nvrtc``). Module load happens here
+    too, so loader errors (PTX JIT, too much shared memory) surface in the compile phase."""
+    key = prepared.key
     hit = _MODULES.get(key)
     if hit is not None:
-        return hit[0], hit[1], True
-    module = cupy.RawModule(code=prepared.source, options=prepared.options)
-    kernel = module.get_function(prepared.function)
-    _MODULES[key] = (module, kernel)
-    return module, kernel, False
+        return hit[0], hit[1], "cache"
+    loaded = _load_cubin(cupy, prepared, key)
+    if loaded is not None:
+        origin = "cubin"
+    else:
+        origin = "nvrtc"
+        module = cupy.RawModule(code=prepared.source, options=prepared.options)
+        loaded = module, module.get_function(prepared.function)
+    _MODULES[key] = loaded
+    return loaded[0], loaded[1], origin
+
+
+def _load_cubin(cupy: Any, prepared: Prepared | KernelBuild, key: str) -> tuple[Any, Any] | None:
+    """The module compiled ahead, or None: then the worker compiles, whose verdict is the truth."""
+    if key not in _CUBINS:
+        return None
+    path = _CUBINS[key][0]
+    try:
+        module = cupy.RawModule(path=path)
+        return module, module.get_function(prepared.function)
+    except Exception as exc:
+        log(f"cubin compiled ahead ({path}) did not load ({type(exc).__name__}: {exc}); compiling here")
+        return None
 
 
 def kernel_resources(kernel: Any) -> dict[str, int]:
@@ -78,29 +104,21 @@ def kernel_resources(kernel: Any) -> dict[str, int]:
     return out
 
 
-def describe_launch(prepared: Prepared | KernelBuild, resources: dict[str, int]) -> str:
-    g, b = prepared.grid, prepared.block
-    text = f"grid {g[0]}x{g[1]}x{g[2]}, block {b[0]}x{b[1]}x{b[2]} = {prepared.threads_per_block} threads"
-    if "max_threads_per_block" in resources:
-        text += f"; kernel allows at most {resources['max_threads_per_block']} threads per block"
-    if "num_regs" in resources:
-        text += f", uses {resources['num_regs']} registers/thread"
-    if "shared_size_bytes" in resources:
-        text += f", {resources['shared_size_bytes']} B static shared memory"
-    return text
-
-
 @dataclass
 class _State:
     phase: Phase = Phase.DEVICE
     fingerprint: Fingerprint = field(default_factory=Fingerprint)
     compile_s: float | None = None
     context: str = ""
+    run_started: float | None = None  # the first launch: from then on the GPU is this trial's
 
 
 def run_trial(trial: Trial, progress: Progress | None = None,
-              clock: Callable[[], float] = time.monotonic) -> TrialResult:
-    """Run ``trial`` and return its result; never raises for a failure of the trial."""
+              clock: Callable[[], float] = time.monotonic, fingerprint: Fingerprint | None = None) -> TrialResult:
+    """Run ``trial`` and return its result; never raises for a failure of the trial.
+
+    ``fingerprint``: the device's, when the caller (a batch worker) already took it.
+    """
     started = clock()
     state = _State()
 
@@ -112,10 +130,7 @@ def run_trial(trial: Trial, progress: Progress | None = None,
     try:
         enter(Phase.DEVICE)
         cupy = load_cupy()
-        state.fingerprint = device_fingerprint(cupy)
-        log(f"device {state.fingerprint.product} (sm {state.fingerprint.compute_capability}, "
-            f"driver {state.fingerprint.driver_version}, CUDA runtime {state.fingerprint.cuda_runtime_version}; "
-            f"{device_limits(cupy)})")
+        state.fingerprint = fingerprint or describe_device(cupy)
         enter(Phase.SETUP)
         prepared = prepare(trial)
         log(f"trial {trial.run}/{trial.target}#{trial.index}: {prepared.label} {prepared.config} "
@@ -128,17 +143,31 @@ def run_trial(trial: Trial, progress: Progress | None = None,
         if state.context and outcome in (Outcome.LAUNCH_ERROR, Outcome.RUNTIME_ERROR):
             text = short(f"{text} ({state.context})")
         log(f"{outcome}: {text}")
+        run_s = None if state.run_started is None else round(clock() - state.run_started, 3)
         return TrialResult(outcome=outcome, error=text, fingerprint=state.fingerprint,
-                           compile_s=state.compile_s)
+                           compile_s=state.compile_s, run_s=run_s)
+
+
+def describe_device(cupy: Any) -> Fingerprint:
+    """The device's fingerprint, logged with its limits."""
+    fp = device_fingerprint(cupy)
+    log(f"device {fp.product} (sm {fp.compute_capability}, driver {fp.driver_version}, "
+        f"CUDA runtime {fp.cuda_runtime_version}; {device_limits(cupy)})")
+    return fp
+
+
+_ORIGIN_NOTE = {"cache": " (in-process cache)", "cubin": " (compiled ahead)", "nvrtc": ""}
 
 
 def _compile(cupy: Any, build: Prepared | KernelBuild, state: _State, clock: Callable[[], float]) -> tuple[Any, Any]:
     t0 = clock()
-    module, kernel, cached = compile_kernel(cupy, build)
-    state.compile_s = round(clock() - t0, 3)
+    module, kernel, origin = compile_kernel(cupy, build)
+    # Compiled ahead: the compile took its seconds on the CPU, off the GPU's path.
+    ahead = _CUBINS[build.key][1] if origin == "cubin" else 0.0
+    state.compile_s = round(clock() - t0 + ahead, 3)
     resources = kernel_resources(kernel)
     state.context = describe_launch(build, resources)
-    log(f"compiled in {state.compile_s} s{' (in-process cache)' if cached else ''}: {resources}")
+    log(f"compiled in {state.compile_s} s{_ORIGIN_NOTE[origin]}: {resources}")
     return module, kernel
 
 
@@ -166,7 +195,7 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
     def launch() -> None:
         kernel(prepared.grid, prepared.block, args)
 
-    run_started = _first_launch(cupy, launch, enter, clock)
+    run_started = _first_launch(cupy, launch, enter, clock, state)
 
     enter(Phase.VERIFY)
     expected = problem.reference(cupy, inputs, prepared.problem_size)
@@ -181,10 +210,10 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
 
 
 def _first_launch(cupy: Any, launch: Callable[[], None], enter: Callable[[Phase], None],
-                  clock: Callable[[], float]) -> float:
+                  clock: Callable[[], float], state: _State) -> float:
     """Launch once and wait for it (so a fault is classified as launch or run); when it began."""
     enter(Phase.LAUNCH)
-    started = clock()
+    started = state.run_started = clock()
     launch()
     enter(Phase.RUN)
     cupy.cuda.runtime.deviceSynchronize()
@@ -205,7 +234,7 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
     def launch() -> None:
         kernel(build.grid, build.block, args)
 
-    run_started = _first_launch(cupy, launch, enter, clock)
+    run_started = _first_launch(cupy, launch, enter, clock, state)
 
     if user.reference is None:
         log("the configuration is the reference configuration: nothing to compare")

@@ -8,7 +8,6 @@ on which GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -17,13 +16,12 @@ from pathlib import Path
 
 from fleettune_job.classify import Phase
 from fleettune_job.protocol import TRIAL_ENV, Fingerprint, Trial, infra_failure
+from fleettune_job.watchdog import atomic_write, write_progress
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    # A reader never sees a half-written file, even if we are killed mid-write.
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def use_tmp_cupy_cache() -> None:
+    # The image's root filesystem is read-only: cupy's kernel cache must live in /tmp.
+    os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(tempfile.gettempdir(), "cupy-cache"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,12 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--progress-file", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    # The image's root filesystem is read-only: cupy's kernel cache must live in /tmp.
-    os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(tempfile.gettempdir(), "cupy-cache"))
+    use_tmp_cupy_cache()
 
     def progress(phase: Phase, fingerprint: Fingerprint) -> None:
-        doc = {"phase": str(phase), "fingerprint": fingerprint.model_dump(exclude_none=True)}
-        _atomic_write(args.progress_file, json.dumps(doc))
+        write_progress(args.progress_file, phase, fingerprint)
 
     try:
         trial = Trial.from_env(os.environ[TRIAL_ENV])
@@ -47,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fleettune_job.runner import run_trial
 
         result = run_trial(trial, progress=progress)
-    _atomic_write(args.result_file, result.encode())
+    atomic_write(args.result_file, result.encode())
     return 0
 
 

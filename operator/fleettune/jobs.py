@@ -196,7 +196,9 @@ def render_job(
         configs = [config, *(c for c, _ in batch)]
         work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest).to_env()
         annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([config_key, *(k for _, k in batch)])}
-        job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": len(configs) * timeout + STARTUP_ALLOWANCE_S}
+        # Each configuration has its own timeout in the Pod; one more covers a fresh worker's
+        # start after a configuration that broke its CUDA context.
+        job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": (len(configs) + 1) * timeout + STARTUP_ALLOWANCE_S}
     else:
         work = make_trial(run, spec, target, index, config, key, problem_size, source_digest).to_env()
         annotations = {CONFIG_ANNOTATION: config_key}

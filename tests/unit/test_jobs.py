@@ -210,6 +210,6 @@ def test_a_batch_job_carries_its_trials_and_is_never_retried_by_the_job_controll
     assert job["metadata"]["labels"][TRIAL_LABEL] == "7"
     assert json.loads(job["metadata"]["annotations"][CONFIG_KEYS_ANNOTATION]) == ["k0", "k1", "k2"]
     assert job["spec"]["backoffLimit"] == 0 and "podFailurePolicy" not in job["spec"]
-    assert job["spec"]["activeDeadlineSeconds"] == 3 * spec.budget.trial_timeout_seconds + 120
+    assert job["spec"]["activeDeadlineSeconds"] == 4 * spec.budget.trial_timeout_seconds + 120
     env = job["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
     assert Batch.model_validate_json(env).timeout_s == spec.budget.trial_timeout_seconds

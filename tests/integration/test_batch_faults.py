@@ -1,0 +1,141 @@
+"""Batched trial Pods on the real control plane (issue 16): a batch Pod killed half-way,
+garbled batch results, and a whole run on the simulator. Whatever happens to a batch Pod,
+every configuration it finished is recorded once, the others are tried again, and nothing
+is recorded as invalid that was not measured invalid."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pytest
+from fault_support import (
+    KILLED_EXIT_CODE,
+    PodCompleter,
+    Reply,
+    assert_restricted,
+    bad_batch_message,
+    batch_message,
+    ok_answers,
+    ok_batch_reply,
+    ok_reply,
+    ok_time,
+    tracebacks,
+)
+from operator_support import OperatorProcess, apply, example, get_run, stored_records, wait_phase
+
+from fleettune.results import TrialRecord
+from fleettune_job.protocol import Batch, Outcome
+
+pytestmark = pytest.mark.integration
+
+
+def _one_pool(name: str, **budget: int) -> dict[str, Any]:
+    doc = example(name, **budget)
+    doc["spec"]["targets"] = [t for t in doc["spec"]["targets"] if t["name"] == "a100"]
+    doc["spec"]["strategy"] = {"name": "random", "seed": 11}
+    return doc
+
+
+def _assert_once_each(records: list[TrialRecord], budget: int) -> None:
+    ids = Counter(r.index for r in records)
+    assert max(ids.values()) == 1, f"recorded twice: {[i for i, n in ids.items() if n > 1]}"
+    observed = [r for r in records if r.is_observation]
+    assert len(observed) == budget, (len(observed), budget)
+    keys = Counter(r.key for r in observed)
+    assert max(keys.values()) == 1, "a configuration was measured twice"
+    assert not [r for r in records if r.outcome.is_invalid_configuration], "nothing here is invalid"
+    for rec in observed:  # each time is the one its Pod reported for its configuration
+        assert rec.objective == ok_time(rec.config), rec
+
+
+def _assert_clean_log(operator: OperatorProcess) -> None:
+    found = tracebacks(operator.logs())
+    assert not found, "the operator logged tracebacks:\n" + "\n---\n".join(found[:3])
+
+
+def test_a_batch_pod_killed_half_way_keeps_its_answers_and_retries_the_rest(cluster, namespace, operator):
+    victim: list[Batch] = []
+
+    def policy(work: Any, pod: dict[str, Any]) -> Reply:
+        if not isinstance(work, Batch):
+            return ok_reply(work)  # the default configuration, alone
+        if not victim:
+            # Killed (out of memory, say) after two answers: the kubelet reads the
+            # termination log the job rewrote after each of them.
+            victim.append(work)
+            return Reply(batch_message(ok_answers(work, 2), done=False, error="terminated by SIGKILL"),
+                         KILLED_EXIT_CODE, 1.0)
+        return ok_batch_reply(work)
+
+    budget = 9
+    with PodCompleter(cluster, namespace, policy) as completer:
+        assert apply(cluster, namespace, _one_pool("halfway", trialsPerTarget=budget, parallelism=1,
+                                                   trialsPerPod=4)).returncode == 0
+        run = wait_phase(cluster, namespace, "halfway", 240, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    records = {r.index: r for r in stored_records(cluster, namespace, "halfway")}
+    first, second, *rest = [e.index for e in victim[0].entries]
+    assert records[first].outcome == records[second].outcome == Outcome.OK  # finished before the kill
+    for index in rest:
+        assert records[index].outcome == Outcome.INFRA_ERROR and "not measured" in records[index].error
+    _assert_once_each(list(records.values()), budget)
+    target = run["status"]["targets"][0]
+    assert target["invalid"] == 0 and target["infraFailed"] == len(rest)
+    for seen in completer.pods.values():
+        assert_restricted(seen)
+    _assert_clean_log(operator)
+
+
+BAD = ("oversized", "truncated", "foreign index", "duplicate")
+
+
+def test_garbled_batch_results_lose_nothing_and_count_nothing_twice(cluster, namespace, operator):
+    sent: dict[str, Batch] = {}
+
+    def policy(work: Any, pod: dict[str, Any]) -> Reply:
+        if not isinstance(work, Batch):
+            return ok_reply(work)
+        if len(sent) < len(BAD):
+            kind = BAD[len(sent)]
+            sent[kind] = work
+            return Reply(bad_batch_message(work, kind), 0)  # type: ignore[arg-type]
+        return ok_batch_reply(work)
+
+    budget = 10
+    with PodCompleter(cluster, namespace, policy) as completer:
+        assert apply(cluster, namespace, _one_pool("garbled-batch", trialsPerTarget=budget, parallelism=2,
+                                                   trialsPerPod=3, maxInfraFailures=5)).returncode == 0
+        run = wait_phase(cluster, namespace, "garbled-batch", 300, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    records = {r.index: r for r in stored_records(cluster, namespace, "garbled-batch")}
+    for kind in ("oversized", "truncated"):  # unreadable: every entry is tried again, none is invalid
+        for e in sent[kind].entries:
+            assert records[e.index].outcome == Outcome.INFRA_ERROR, (kind, records[e.index])
+    for kind in ("foreign index", "duplicate"):  # readable: the batch's own answers, the first of each
+        for e in sent[kind].entries:
+            assert records[e.index].outcome == Outcome.OK, (kind, records[e.index])
+    stray = max(e.index for e in sent["foreign index"].entries) + 1000
+    assert stray not in records  # no record made up for an index that was not in the batch
+    _assert_once_each(list(records.values()), budget)
+    assert run["status"]["targets"][0]["infraFailed"] == 2 * 3
+    for seen in completer.pods.values():
+        assert_restricted(seen)
+    _assert_clean_log(operator)
+
+
+def test_a_run_on_the_simulator_measures_in_batches_with_fewer_pods(cluster, namespace, simulator, operator):
+    budget = 24
+    doc = _one_pool("batched", trialsPerTarget=budget, parallelism=2, trialsPerPod=8)
+    assert apply(cluster, namespace, doc).returncode == 0
+    run = wait_phase(cluster, namespace, "batched", 240, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    records = stored_records(cluster, namespace, "batched")
+    observed = [r for r in records if r.is_observation]
+    assert len(observed) == budget and len({r.index for r in records}) == len(records)
+    pods = {r.job for r in records}
+    assert len(pods) <= 1 + math.ceil((budget - 1) / 8) + 2, pods  # the default alone, then batches of 8
+    assert all(r.run_s is not None for r in observed if r.outcome == Outcome.OK)  # GPU time per configuration
+    target = get_run(cluster, namespace, "batched")["status"]["targets"][0]
+    assert target["trialsPerPod"] == 8 and target["completed"] == budget
