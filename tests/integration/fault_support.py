@@ -5,7 +5,8 @@ fault tests need Pods that answer *badly* (garbled termination messages), Pods t
 long enough to be evicted, and nodes that vanish under a running Pod without the Pod ever
 reporting. :class:`PodCompleter` does what a kubelet would for the trial Pods of one
 namespace, following a per-trial policy; tests that use it do not start the simulator, so
-nobody else answers their Pods.
+nobody else answers their Pods. A policy gets what the Pod carries, a `Trial` or a `Batch`;
+`ok_batch_reply` and `bad_batch_message` answer batches well or badly.
 """
 
 from __future__ import annotations
@@ -20,43 +21,105 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from fleettune_dev.cluster.fleet import KWOK_ANNOTATION
 from fleettune_job.protocol import (
     CONTAINER_NAME,
+    MAX_MESSAGE_BYTES,
     TRIAL_ENV,
+    Answer,
+    Batch,
+    BatchResult,
     Fingerprint,
     Outcome,
     Trial,
     TrialResult,
+    parse_work,
 )
 
 MANAGED = "app.kubernetes.io/managed-by=fleettune"
 
 
+KILLED_EXIT_CODE = 137  # what a kubelet reports for a container it stopped
+FINGERPRINT = Fingerprint(product="NVIDIA A100-PCIE-40GB", simulated=True)
+
+
 @dataclass(frozen=True)
 class Reply:
-    """What the trial container reports: its termination message, exit code, and when."""
+    """What the trial container reports: its termination message, exit code, and when
+    (``math.inf``: only if its Pod is deleted). ``on_kill``: the message a batch Pod leaves
+    when it is deleted before then (its answers so far); without it, an empty one."""
 
     message: str
     exit_code: int = 0
     delay_s: float = 0.2
+    on_kill: str | None = None
+
+
+def ok_time(config: dict[str, Any]) -> float:
+    """A configuration's stable `ok` time (ms): the same in every reply about it."""
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).digest()
+    return round(0.5 + int.from_bytes(digest[:4], "big") / 2**32, 6)
 
 
 def ok_reply(trial: Trial, delay_s: float = 0.2) -> Reply:
     """A valid `ok` result whose time is a stable function of the configuration."""
-    digest = hashlib.sha256(json.dumps(trial.config, sort_keys=True).encode()).digest()
-    ms = 0.5 + int.from_bytes(digest[:4], "big") / 2**32
-    result = TrialResult(outcome=Outcome.OK, objective=round(ms, 6), times=[round(ms, 6)] * 3,
-                         fingerprint=Fingerprint(product="NVIDIA A100-PCIE-40GB", simulated=True))
+    ms = ok_time(trial.config)
+    result = TrialResult(outcome=Outcome.OK, objective=ms, times=[ms] * 3, fingerprint=FINGERPRINT)
     return Reply(result.encode(), 0, delay_s)
 
 
-# A policy sees the trial and its Pod; None leaves the Pod running (a trial that never ends).
-Policy = Callable[[Trial, dict[str, Any]], Reply | None]
+def ok_answers(batch: Batch, answered: int | None = None) -> list[Answer]:
+    """`ok` answers, with `ok_reply`'s times, for the first ``answered`` entries (all by default)."""
+    entries = batch.entries[:answered] if answered is not None else batch.entries
+    return [Answer(i=e.index, o=Outcome.OK, t=ok_time(e.config), ts=[ok_time(e.config)] * 3) for e in entries]
+
+
+def batch_message(answers: list[Answer], *, done: bool, error: str = "") -> str:
+    return BatchResult(answers=answers, fingerprint=FINGERPRINT, done=done, error=error).encode()
+
+
+def ok_batch_reply(batch: Batch, answered: int | None = None, delay_s: float = 0.2, *,
+                   killed_with: int | None = None) -> Reply:
+    """A batch Pod that answers its first ``answered`` entries `ok` (all by default; fewer:
+    it stops early, exit 20) after ``delay_s``. ``killed_with``: deleted before then, it
+    leaves that many answers (exit 137, error "terminated")."""
+    n = len(batch.entries) if answered is None else answered
+    done = n == len(batch.entries)
+    result = BatchResult(answers=ok_answers(batch, n), fingerprint=FINGERPRINT, done=done,
+                         error="" if done else "stopped early")
+    on_kill = (None if killed_with is None
+               else batch_message(ok_answers(batch, killed_with), done=False, error="terminated"))
+    return Reply(result.encode(), result.exit_code, delay_s, on_kill)
+
+
+BadBatch = Literal["oversized", "truncated", "foreign index", "duplicate"]
+
+
+def bad_batch_message(batch: Batch, kind: BadBatch) -> str:
+    """A batch's termination message gone wrong: over 4 KiB; cut short; every entry
+    answered plus an answer for an index not in the batch; every entry answered and the
+    first answered again (`compile_error`: the first answer must win)."""
+    answers = ok_answers(batch)
+    if kind == "oversized":
+        doc = BatchResult(answers=answers, fingerprint=FINGERPRINT, done=True).model_dump(mode="json")
+        doc["error"] = "x" * (MAX_MESSAGE_BYTES + 1)
+        return json.dumps(doc)
+    if kind == "truncated":
+        text = batch_message(answers, done=True)
+        return text[: len(text) // 2]
+    if kind == "foreign index":
+        stray = max(e.index for e in batch.entries) + 1000
+        return batch_message([*answers, Answer(i=stray, o=Outcome.OK, t=1.0)], done=True)
+    return batch_message([*answers, Answer(i=answers[0].i, o=Outcome.COMPILE_ERROR, e="duplicate")], done=True)
+
+
+# A policy sees the Pod's work (a Trial or a Batch) and its Pod; None leaves the Pod
+# running (a trial that never ends). Any: policies written for trials alone stay valid.
+Policy = Callable[[Any, dict[str, Any]], Reply | None]
 
 
 @dataclass(order=True)
@@ -65,31 +128,67 @@ class _Due:
     name: str = field(compare=False)
     uid: str = field(compare=False)
     reply: Reply = field(compare=False)
-    trial: Trial = field(compare=False)
+    trial: Trial | Batch = field(compare=False)
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _work(pod: dict[str, Any]) -> Trial | Batch:
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == CONTAINER_NAME)
+    return parse_work(next(e["value"] for e in container.get("env", []) if e["name"] == TRIAL_ENV))
+
+
+def _is_batch(pod: dict[str, Any]) -> bool:
+    try:
+        return isinstance(_work(pod), Batch)
+    except (StopIteration, ValueError):  # not a trial Pod this helper can read: kwok ends it
+        return False
+
+
+def _write_status(core: Any, namespace: str, name: str, image: str, exit_code: int, message: str,
+                  metadata: dict[str, str] | None = None) -> None:
+    """The Pod's status once its trial container ended, as a kubelet writes it; ``metadata``
+    (uid, resourceVersion) makes it conditional."""
+    stamp = _now()
+    terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                  "startedAt": stamp, "finishedAt": stamp, "message": message}
+    cond = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+    body: dict[str, Any] = {"status": {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "conditions": [{"type": "Ready", **cond}, {"type": "ContainersReady", **cond}],
+        "containerStatuses": [{
+            "name": CONTAINER_NAME, "image": image, "imageID": "", "ready": False,
+            "restartCount": 0, "started": False, "state": {"terminated": terminated}}],
+    }}
+    if metadata:
+        body["metadata"] = metadata
+    core.patch_namespaced_pod_status(name, namespace, body, _request_timeout=10)
+
+
 class PodCompleter:
     """A kubelet stand-in for the trial Pods of one namespace (see the module docstring).
 
     A Pod is answered only if its node still exists when its reply is due: a machine that
-    was deleted reports nothing, which is what the node-loss test needs (the fleet
-    simulator would complete such a Pod). ``answered`` lists ``(target, index, pod)`` in
-    completion order; ``pods`` keeps every trial Pod seen running, for assertions on their
-    spec.
+    was deleted reports nothing, which is what the node-loss test needs. A running batch
+    Pod that gets a deletionTimestamp is stopped as a kubelet stops it (exit 137, its
+    reply's ``on_kill`` message), unless kwok's delete stage ended it first. ``answered``
+    lists ``(target, index, pod)`` in completion order (a batch: its first index);
+    ``killed`` the batch Pods stopped; ``pods`` keeps every trial Pod seen running, for
+    assertions on their spec.
     """
 
     def __init__(self, cluster: Any, namespace: str, policy: Policy, poll_s: float = 0.2) -> None:
         self.cluster, self.namespace, self.policy, self.poll_s = cluster, namespace, policy, poll_s
         self.answered: list[tuple[str, int, str]] = []
+        self.killed: list[str] = []
         self.pods: dict[str, dict[str, Any]] = {}
-        self.running: dict[str, tuple[Trial, str]] = {}  # pod name -> (trial, node) while unanswered
+        self.running: dict[str, tuple[Trial | Batch, str]] = {}  # pod name -> (work, node) while unanswered
         self.errors: list[str] = []
         self._due: list[_Due] = []
         self._seen: set[str] = set()
+        self._killed: set[str] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -125,19 +224,43 @@ class PodCompleter:
                                         _request_timeout=10)
         for pod in json.loads(resp.data)["items"]:
             meta, status = pod["metadata"], pod.get("status") or {}
+            if meta.get("deletionTimestamp") and status.get("phase") == "Running" and meta["uid"] not in self._killed:
+                if _is_batch(pod):
+                    self._killed.add(meta["uid"])
+                    self._kill(core, pod)
+                continue
             if (meta["uid"] in self._seen or meta.get("deletionTimestamp") or status.get("phase") != "Running"
                     or not pod["spec"].get("nodeName")):
                 continue
             self._seen.add(meta["uid"])
             self.pods[meta["name"]] = pod
-            container = next(c for c in pod["spec"]["containers"] if c["name"] == CONTAINER_NAME)
-            env = next(e["value"] for e in container.get("env", []) if e["name"] == TRIAL_ENV)
-            trial = Trial.from_env(env)
+            work = _work(pod)
             with self._lock:
-                self.running[meta["name"]] = (trial, pod["spec"]["nodeName"])
-            reply = self.policy(trial, pod)
+                self.running[meta["name"]] = (work, pod["spec"]["nodeName"])
+            reply = self.policy(work, pod)
             if reply is not None:
-                self._due.append(_Due(time.monotonic() + reply.delay_s, meta["name"], meta["uid"], reply, trial))
+                self._due.append(_Due(time.monotonic() + reply.delay_s, meta["name"], meta["uid"], reply, work))
+
+    def _kill(self, core: Any, pod: dict[str, Any]) -> None:
+        """A running batch Pod being deleted: exit 137 with what its reply left by now, over
+        the Pod as listed (kwok's delete stage may have ended it meanwhile: then no write)."""
+        from kubernetes.client import ApiException
+
+        meta = pod["metadata"]
+        due = next((d for d in self._due if d.uid == meta["uid"]), None)
+        self._due = [d for d in self._due if d is not due]
+        message = (due.reply.on_kill or "") if due is not None else ""
+        try:
+            _write_status(core, self.namespace, meta["name"], pod["spec"]["containers"][0]["image"], KILLED_EXIT_CODE,
+                          message, {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]})
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            return
+        finally:
+            with self._lock:
+                self.running.pop(meta["name"], None)
+        self.killed.append(meta["name"])
 
     def _complete_due(self, core: Any) -> None:
         from kubernetes.client import ApiException
@@ -159,24 +282,16 @@ class PodCompleter:
                 with self._lock:
                     self.running.pop(due.name, None)
                 continue
-            stamp = _now()
-            terminated = {"exitCode": due.reply.exit_code, "reason": "Completed" if due.reply.exit_code == 0
-                          else "Error", "startedAt": stamp, "finishedAt": stamp, "message": due.reply.message}
-            cond = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
-            body = {"status": {
-                "phase": "Succeeded" if due.reply.exit_code == 0 else "Failed",
-                "conditions": [{"type": "Ready", **cond}, {"type": "ContainersReady", **cond}],
-                "containerStatuses": [{
-                    "name": CONTAINER_NAME, "image": pod.spec.containers[0].image, "imageID": "", "ready": False,
-                    "restartCount": 0, "started": False, "state": {"terminated": terminated}}],
-            }}
-            core.patch_namespaced_pod_status(due.name, self.namespace, body, _request_timeout=10)
+            _write_status(core, self.namespace, due.name, pod.spec.containers[0].image, due.reply.exit_code,
+                          due.reply.message)
             with self._lock:
                 self.running.pop(due.name, None)
-                self.answered.append((due.trial.target, due.trial.index, due.name))
+                first = due.trial.index if isinstance(due.trial, Trial) else due.trial.entries[0].index
+                self.answered.append((due.trial.target, first, due.name))
 
-    def wait_running(self, pred: Callable[[Trial], bool], timeout: float) -> tuple[str, Trial, str]:
-        """(pod name, trial, node) of an unanswered running trial Pod matching ``pred``."""
+    def wait_running(self, pred: Callable[[Any], bool], timeout: float) -> tuple[str, Any, str]:
+        """(pod name, work, node) of an unanswered running trial Pod whose work (a Trial or
+        a Batch) matches ``pred``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:

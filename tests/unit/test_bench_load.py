@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
@@ -12,17 +13,24 @@ from fleettune_dev.bench.load import (
     NAMESPACE,
     Observer,
     PodTimes,
+    Report,
     audit,
     bench_fleet,
+    gpu_busy_seconds,
+    gpu_utilisation,
     idle_breakdown,
     job_controller_delays,
+    job_trials,
+    main,
     pod_waits,
     quantile,
     reaction_latencies,
     run_manifests,
+    termination_message,
+    trials_per_pod,
     utilisation,
 )
-from fleettune_job.protocol import Outcome
+from fleettune_job.protocol import TRIAL_ENV, Answer, Batch, BatchResult, Outcome, Trial, TrialResult
 
 
 def test_fleet_has_the_gpus_asked_for_in_the_pools_asked_for():
@@ -44,6 +52,62 @@ def test_manifests_are_valid_runs_whose_budgets_add_up():
         assert all(t.node_selector == {"fleettune.dev/pool": t.name} for t in spec.targets)
         assert spec.budget.parallelism == 3 and spec.strategy.name == "random"
     assert sum(d["spec"]["budget"]["trialsPerTarget"] * 3 for d in docs) == 240
+    assert all(TuningRunSpec.model_validate(d["spec"]).budget.trials_per_pod == 1 for d in docs)
+    batched = run_manifests(fleet, runs=4, trials=240, parallelism=3, strategy="random", trials_per_pod=8)
+    assert all(TuningRunSpec.model_validate(d["spec"]).budget.trials_per_pod == 8 for d in batched)
+
+
+def test_trials_per_pod_is_checked_against_the_protocols_limit(capsys):
+    assert trials_per_pod("1") == 1 and trials_per_pod("48") == 48
+    for bad in ("0", "49", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            trials_per_pod(bad)
+    with pytest.raises(SystemExit):
+        main(["--trials-per-pod", "64"])
+    assert "--trials-per-pod" in capsys.readouterr().err
+
+
+def _finished_pod(message: str | None) -> dict:
+    terminated = {"exitCode": 0} | ({"message": message} if message is not None else {})
+    return {"status": {"phase": "Succeeded", "containerStatuses": [
+        {"name": "sidecar", "state": {"terminated": {"message": "not mine"}}},
+        {"name": "trial", "state": {"terminated": terminated}}]}}
+
+
+def test_gpu_busy_time_is_read_from_the_pods_result():
+    single = TrialResult(outcome=Outcome.OK, objective=0.5, compile_s=0.85, run_s=0.25).encode()
+    batch = BatchResult(answers=[Answer(i=0, o=Outcome.OK, t=0.5, c=0.85, r=0.25),
+                                 Answer(i=1, o=Outcome.COMPILE_ERROR, c=0.4),
+                                 Answer(i=2, o=Outcome.OK, t=0.7, r=0.5)], done=True).encode()
+    assert termination_message(_finished_pod(batch)) == batch
+    assert termination_message({"status": {"phase": "Running"}}) is None
+    assert gpu_busy_seconds(single) == pytest.approx(0.25)
+    assert gpu_busy_seconds(batch) == pytest.approx(0.75)
+    assert gpu_busy_seconds(TrialResult(outcome=Outcome.COMPILE_ERROR).encode()) == 0.0
+    for unreadable in (None, "", "{", '{"version": 2}'):
+        assert gpu_busy_seconds(unreadable) is None
+
+
+def test_gpu_utilisation_is_busy_time_over_the_time_pods_held_their_gpu():
+    pods = {
+        # Bound at 0, running 1-10: held 10 s, 2 s of GPU work.
+        "a": PodTimes("r", "p", started=1.0, finished=10.0, created=0.0, bound=0.0, gpu_busy_s=2.0),
+        "b": PodTimes("r", "p", started=0.0, finished=5.0, gpu_busy_s=3.0),  # held 5 s
+        "c": PodTimes("r", "p", started=0.0, finished=5.0),  # no readable result: left out
+        "d": PodTimes("r", "p", started=0.0, finished=None, gpu_busy_s=None),  # still running
+    }
+    assert gpu_utilisation(pods) == pytest.approx((5.0, 15.0, 1 / 3))
+    assert math.isnan(gpu_utilisation({})[2])
+
+
+def test_the_report_shows_requests_per_evaluation_and_gpu_utilisation():
+    report = Report(gpus=24, pools=3, runs=4, budget_per_target=20, parallelism=3, strategy="random",
+                    trial_seconds=4.0, trials_per_pod=8, pod_startup=True, evaluations=240,
+                    api_requests_per_evaluation=3.25, gpu_busy_s=12.0, gpu_allocated_s=600.0, gpu_utilisation=0.02)
+    text = report.render()
+    assert "8 per Pod, Pod start-up modelled" in text
+    assert "3.2 per evaluation (240 evaluations)" in text
+    assert "GPU utilisation:     2.00% (evaluations' GPU time 12 s of 600 s held by trial Pods)" in text
 
 
 def test_reaction_latency_pairs_each_end_with_the_next_job_of_its_run_and_pool():
@@ -121,3 +185,18 @@ def test_idle_breakdown_attributes_each_idle_gpu_second_once():
     # A waiting Pod only explains idle GPUs: with one GPU, y's wait is not idle time.
     assert idle_breakdown(pods, {"p": 1}, (0.0, 10.0)) == pytest.approx(
         {"kwok": 0.0, "scheduler": 0.0, "no Pod": 0.0})
+
+
+def _job(env: str, first: int) -> dict:
+    return {"metadata": {"labels": {"fleettune.dev/trial": str(first)}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "trial", "env": [{"name": "HOME", "value": "/tmp"}, {"name": TRIAL_ENV, "value": env}]}]}}}}
+
+
+def test_a_jobs_trials_are_read_from_its_work():
+    common = {"run": "r", "target": "a100", "kernel": {"builtin": "convolution"}, "problem_size": [64]}
+    trial = Trial(index=3, config={}, **common).to_env()
+    batch = Batch(entries=[{"index": i, "config": {"x": i}} for i in (7, 8, 9)], **common).to_env()
+    assert job_trials(_job(trial, 3)) == [3]
+    assert job_trials(_job(batch, 7)) == [7, 8, 9]
+    assert job_trials(_job("{garbled", 5)) == [5]

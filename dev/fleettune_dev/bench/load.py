@@ -3,7 +3,8 @@
 Builds a local control plane with a fleet of N GPUs in P pools (KWOK nodes), starts the
 fleet simulator and the operator (a subprocess, measured from /proc), applies R
 TuningRuns (the convolution example on every pool, random strategy by default) whose
-budgets add up to T trials, waits for them to finish and prints:
+budgets add up to T trials, K configurations per trial Pod (``--trials-per-pod``, 1 by
+default), waits for them to finish and prints:
 
 * trials per minute; fleet utilisation (GPU-seconds holding a trial Pod between its
   start and end / GPUs × wall time), overall and in the steady state (10 %-90 % of
@@ -14,8 +15,11 @@ budgets add up to T trials, waits for them to finish and prints:
   the operator creates for the same run and pool (FIFO matching, the opening burst of
   each run excluded);
 * operator CPU seconds and peak RSS (VmHWM), and the CPU of this process (simulator and
-  observers, which share the machine with the control plane); API requests per second (the apiserver's
-  ``apiserver_request_total`` delta, every client included) and the busiest verbs;
+  observers, which share the machine with the control plane); API requests per second and per
+  evaluation (the apiserver's ``apiserver_request_total`` delta, every client included, over
+  the configurations recorded) and the busiest verbs;
+* GPU utilisation: the evaluations' GPU time (what each trial Pod reports as run time) over
+  the GPU time the trial Pods held (bound to their end);
 * the largest TuningRun object (JSON bytes, sampled during and after the run);
 * an audit: the results store against the simulator's answers (no loss, no duplicate
   (target, index), each pool exactly at its budget).
@@ -23,7 +27,8 @@ budgets add up to T trials, waits for them to finish and prints:
 Each figure is marked against its target (`TARGETS`; docs/bench-load.md says where they
 come from and what was measured). Defaults are the full benchmark (300 GPUs, 3 pools, 20
 runs, 10 000 trials); for a quick run: ``fleettune bench load --gpus 24 --runs 4 --trials
-240 --trial-seconds 4``.
+240 --trial-seconds 4``. ``--pod-startup`` has the simulator model each Pod's start-up
+(p50 ≈ 2 s, p99 ≈ 5 s), the cost batching amortises.
 """
 
 from __future__ import annotations
@@ -48,6 +53,16 @@ import yaml
 
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.labels import MANAGED_BY, MANAGER, POOL_LABEL, RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
+from fleettune_job.protocol import (
+    CONTAINER_NAME,
+    MAX_BATCH,
+    TRIAL_ENV,
+    ProtocolError,
+    Trial,
+    decode,
+    decode_batch,
+    parse_work,
+)
 
 NAMESPACE = "bench"
 MANAGED = f"{MANAGED_BY}={MANAGER}"
@@ -82,7 +97,8 @@ def example_run() -> dict[str, Any]:
     return yaml.safe_load(EXAMPLE.read_text())
 
 
-def run_manifests(fleet: Any, runs: int, trials: int, parallelism: int, strategy: str) -> list[dict[str, Any]]:
+def run_manifests(fleet: Any, runs: int, trials: int, parallelism: int, strategy: str,
+                  trials_per_pod: int = 1) -> list[dict[str, Any]]:
     base = example_run()
     by_pool = {t["name"]: t for t in base["spec"]["targets"]}
     pools = fleet.pool_names()
@@ -94,7 +110,7 @@ def run_manifests(fleet: Any, runs: int, trials: int, parallelism: int, strategy
         spec = doc["spec"]
         spec["strategy"] = {"name": strategy, "seed": i}
         spec["budget"] = {"trialsPerTarget": per_target, "parallelism": parallelism, "trialTimeoutSeconds": 600,
-                          "maxInfraFailures": 100}
+                          "maxInfraFailures": 100, "trialsPerPod": trials_per_pod}
         targets = []
         for pool in pools:
             stem = pool.rsplit("-", 1)[0] if pool not in by_pool else pool
@@ -120,6 +136,7 @@ class PodTimes:
     created: float | None = None
     bound: float | None = None  # first seen with a node
     unschedulable: bool = False  # the scheduler found its pool full at least once
+    gpu_busy_s: float | None = None  # GPU time its evaluations reported (None: no readable result)
 
 
 @dataclass
@@ -199,6 +216,42 @@ class Observer:
             times.finished = now
             if times.started is None:
                 times.started = now
+            times.gpu_busy_s = gpu_busy_seconds(termination_message(obj))
+
+
+def job_trials(job: dict[str, Any]) -> list[int]:
+    """The trial indexes a Job holds (a batch Job: each entry's), from its work; its trial
+    label when the work cannot be read."""
+    for container in job["spec"]["template"]["spec"]["containers"]:
+        for env in container.get("env") or []:
+            if env.get("name") == TRIAL_ENV:
+                try:
+                    work = parse_work(env.get("value") or "")
+                except ValueError:
+                    break
+                return [work.index] if isinstance(work, Trial) else [e.index for e in work.entries]
+    return [int(job["metadata"]["labels"][TRIAL_LABEL])]
+
+
+def termination_message(pod: dict[str, Any]) -> str | None:
+    """The trial container's termination message, once it has ended."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER_NAME:
+            return ((status.get("state") or {}).get("terminated") or {}).get("message")
+    return None
+
+
+def gpu_busy_seconds(message: str | None) -> float | None:
+    """GPU seconds a trial Pod's evaluations report (a batch: the sum of its answers'),
+    None when the message is not a readable result."""
+    try:
+        return sum(a.r or 0.0 for a in decode_batch(message).answers)
+    except ProtocolError:
+        pass
+    try:
+        return decode(message).run_s or 0.0
+    except ProtocolError:
+        return None
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -302,6 +355,15 @@ def utilisation(pods: dict[str, PodTimes], gpus: int) -> tuple[float, float, flo
     return busy(t0, t1) / (gpus * (t1 - t0)), steady, t1 - t0
 
 
+def gpu_utilisation(pods: dict[str, PodTimes]) -> tuple[float, float, float]:
+    """(GPU seconds the evaluations used, GPU seconds the trial Pods held from binding to
+    their end, the share) over the Pods that ended with a readable result."""
+    held = [(p.gpu_busy_s, p.finished - (p.bound if p.bound is not None else p.started))
+            for p in pods.values() if p.gpu_busy_s is not None and p.finished is not None and p.started is not None]
+    busy, allocated = sum(b for b, _ in held), sum(a for _, a in held)
+    return busy, allocated, busy / allocated if allocated > 0 else float("nan")
+
+
 def steady_window(pods: dict[str, PodTimes]) -> tuple[float, float]:
     """From the 10 % to the 90 % trial end: the fleet's steady state."""
     ends = sorted(p.finished for p in pods.values() if p.started is not None and p.finished is not None)
@@ -385,7 +447,10 @@ class Report:
     parallelism: int
     strategy: str
     trial_seconds: float
+    trials_per_pod: int = 1
+    pod_startup: bool = False
     trials_recorded: int = 0
+    evaluations: int = 0  # records stored: one per configuration evaluated (infrastructure failures included)
     infra_failures: int = 0
     wall_s: float = 0.0
     trials_per_minute: float = 0.0
@@ -409,6 +474,10 @@ class Report:
     harness_cpu_s: float = 0.0  # this process: the fleet simulator and the observers
     operator_peak_rss_bytes: int = 0
     api_requests_per_s: float = 0.0
+    api_requests_per_evaluation: float = float("nan")
+    gpu_busy_s: float = 0.0
+    gpu_allocated_s: float = 0.0
+    gpu_utilisation: float = float("nan")
     api_top: list[tuple[str, float]] = field(default_factory=list)
     largest_run_bytes: int = 0
     suggestion_s: float = 0.0
@@ -425,7 +494,8 @@ class Report:
         lines = [
             f"fleettune bench load: {self.gpus} GPUs in {self.pools} pools, {self.runs} runs × {self.pools} pools "
             f"× {self.budget_per_target} trials (parallelism {self.parallelism}, {self.strategy}, "
-            f"~{self.trial_seconds:g} s per trial)",
+            f"~{self.trial_seconds:g} s per trial, {self.trials_per_pod} per Pod, "
+            f"Pod start-up {'modelled' if self.pod_startup else 'not modelled'})",
             f"  finished:            {'yes' if self.finished else 'NO (timed out)'} in {self.wall_s:.0f} s",
             f"  trials recorded:     {self.trials_recorded} ({self.infra_failures} infrastructure failures)",
             f"  trials per minute:   {self.trials_per_minute:.0f}",
@@ -445,12 +515,15 @@ class Report:
             f"{self.unschedulable_pods} Pods found their pool full",
             "    idle GPU time in the steady state: " + ", ".join(
                 f"{share:.1%} {cause}" for cause, share in self.idle_steady.items()),
+            f"  GPU utilisation:     {self.gpu_utilisation:.2%} (evaluations' GPU time {self.gpu_busy_s:.0f} s "
+            f"of {self.gpu_allocated_s:.0f} s held by trial Pods)",
             f"  operator CPU:        {self.operator_cpu_s:.0f} s ({self.operator_cpu_share:.0%} of one core); "
             f"the benchmark's own (simulator, observers): {self.harness_cpu_s:.0f} s",
             f"  operator peak RSS:   {gib:.2f} GiB   "
             f"(target < 1 GiB: {mark(self.operator_peak_rss_bytes < TARGETS['rss_bytes'])})",
             f"  suggestion time:     {self.suggestion_s:.1f} s in total (operator metrics)",
-            f"  API requests/s:      {self.api_requests_per_s:.1f} (all clients)",
+            f"  API requests/s:      {self.api_requests_per_s:.1f} (all clients); "
+            f"{self.api_requests_per_evaluation:.1f} per evaluation ({self.evaluations} evaluations)",
             "    busiest: " + ", ".join(f"{k} {v:.1f}/s" for k, v in self.api_top[:6]),
             f"  largest TuningRun:   {self.largest_run_bytes / 1024:.1f} KiB   "
             f"(target < 64 KiB: {mark(self.largest_run_bytes < TARGETS['object_bytes'])})",
@@ -521,15 +594,16 @@ def run_benchmark(args: argparse.Namespace) -> Report:
     from fleettune.store import DATA_KEY, decode_shard
     from fleettune_dev.cluster import LocalCluster
     from fleettune_dev.cluster.network import free_port
-    from fleettune_dev.sim import FleetSimulator
+    from fleettune_dev.sim import FleetSimulator, PodStartup
 
     fleet = bench_fleet(args.gpus, args.pools, args.gpus_per_node)
     per_pool = args.gpus // args.pools
     parallelism = args.parallelism or max(1, math.ceil(args.oversubscribe * per_pool / args.runs))
-    docs = run_manifests(fleet, args.runs, args.trials, parallelism, args.strategy)
+    docs = run_manifests(fleet, args.runs, args.trials, parallelism, args.strategy, args.trials_per_pod)
     budget = docs[0]["spec"]["budget"]["trialsPerTarget"]
     report = Report(gpus=args.gpus, pools=args.pools, runs=args.runs, budget_per_target=budget,
-                    parallelism=parallelism, strategy=args.strategy, trial_seconds=args.trial_seconds)
+                    parallelism=parallelism, strategy=args.strategy, trial_seconds=args.trial_seconds,
+                    trials_per_pod=args.trials_per_pod, pod_startup=args.pod_startup)
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="fleettune-bench-"))
     say = (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
     cluster = LocalCluster(state / "cluster", fleet, die_with_parent=True)
@@ -548,8 +622,10 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         custom = client.CustomObjectsApi(api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
 
-        # Trial time is all "compile": the recorded kernel times add milliseconds on top.
-        sim = FleetSimulator(cluster.kubeconfig, fleet, time_scale=1.0, compile_s=args.trial_seconds).start()
+        # Trial time is all "compile": the recorded kernel times add milliseconds on top (a
+        # batch Pod compiles ahead, as many at once as the job's compile pool takes).
+        sim = FleetSimulator(cluster.kubeconfig, fleet, time_scale=1.0, compile_s=args.trial_seconds,
+                             startup=PodStartup() if args.pod_startup else None).start()
         metrics_port = free_port()
         log = open(state / "operator.log", "wb")  # noqa: SIM115 (closed with the process)
         operator = subprocess.Popen(
@@ -612,15 +688,19 @@ def run_benchmark(args: argparse.Namespace) -> Report:
             cms = core.list_namespaced_config_map(NAMESPACE, label_selector=f"{RESULTS_OF_LABEL}={name}").items
             records[name] = [r for cm in cms for r in decode_shard((cm.binary_data or {})[DATA_KEY])]
         all_records = [r for recs in records.values() for r in recs]
+        report.evaluations = len(all_records)
+        if all_records:
+            report.api_requests_per_evaluation = sum(delta.values()) / len(all_records)
         report.trials_recorded = sum(r.is_observation for r in all_records)
         report.infra_failures = sum(not r.is_observation for r in all_records)
         report.trials_per_minute = 60 * len(all_records) / wall if wall else 0.0
         in_flight: set[tuple[str, str, int]] = set()
         if not report.finished:
             # Cut short: trials still in a Job are not lost, and budgets cannot be checked.
-            jobs = client.BatchV1Api(api).list_namespaced_job(NAMESPACE, label_selector=MANAGED).items
-            in_flight = {(j.metadata.labels[RUN_LABEL], j.metadata.labels[TARGET_LABEL],
-                          int(j.metadata.labels[TRIAL_LABEL])) for j in jobs}
+            jobs = json.loads(client.BatchV1Api(api).list_namespaced_job(
+                NAMESPACE, label_selector=MANAGED, _preload_content=False).data)["items"]
+            in_flight = {(j["metadata"]["labels"][RUN_LABEL], j["metadata"]["labels"][TARGET_LABEL], index)
+                         for j in jobs for index in job_trials(j)}
             report.notes.append(f"cut short by --timeout with {len(in_flight)} trials in flight: "
                                 "the audit checks losses and duplicates, not budgets")
         report.audit = audit(records, list(sim.answered), budget, fleet.pool_names(), in_flight)
@@ -631,6 +711,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         report.latency_by_pool = {p: {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "n": len(xs)}
                                   for p, xs in lat.items()}
         report.utilisation, report.utilisation_steady, _ = utilisation(observer.pods, args.gpus)
+        report.gpu_busy_s, report.gpu_allocated_s, report.gpu_utilisation = gpu_utilisation(observer.pods)
         capacity = {pool.name: pool.nodes * pool.gpu.per_node for pool in fleet.pools}
         report.idle_steady = idle_breakdown(observer.pods, capacity, steady_window(observer.pods))
         jc, report.ahead_of_job_controller = job_controller_delays(observer)
@@ -676,6 +757,17 @@ def run_benchmark(args: argparse.Namespace) -> Report:
                   f"--state-dir {cluster.state_dir})", file=sys.stderr)
 
 
+def trials_per_pod(text: str) -> int:
+    """``--trials-per-pod``: an integer within the protocol's batch limit."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= k <= MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"must be 1-{MAX_BATCH}")
+    return k
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fleettune bench load", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -685,7 +777,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=20, help="concurrent TuningRuns (default 20)")
     parser.add_argument("--trials", type=int, default=10_000, help="trials in total (default 10 000)")
     parser.add_argument("--trial-seconds", type=float, default=20.0,
-                        help="simulated duration of one trial (default 20 s)")
+                        help="simulated duration of one trial (default 20 s), all of it compile time: a "
+                        "batch Pod compiles up to 4 configurations at once (the job's compile-ahead pool)")
+    parser.add_argument("--trials-per-pod", type=trials_per_pod, default=1, metavar="K",
+                        help=f"configurations each trial Pod measures (spec.budget.trialsPerPod, 1-{MAX_BATCH}; "
+                        "default 1: one per Pod)")
+    parser.add_argument("--pod-startup", action="store_true",
+                        help="have the simulator model each Pod's start-up (interpreter, CUDA context: "
+                        "p50 ≈ 2 s, p99 ≈ 5 s) before its first configuration")
     parser.add_argument("--strategy", default="random", choices=["random", "bayes", "genetic"])
     parser.add_argument("--parallelism", type=int, default=0,
                         help="trials at once per run and pool (default: enough to oversubscribe the pool)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleettune.fingerprint import (
     FT_DRIVER,
@@ -16,7 +16,7 @@ from fleettune.fingerprint import (
     GFD_RUNTIME,
 )
 from fleettune_dev.cluster.fleet import NodePool, label_value
-from fleettune_dev.sim.recordings import KernelModel, Measurement
+from fleettune_dev.sim.recordings import KernelModel, Measurement, scale_ms
 from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
 
 # Time to compile one configuration (NVRTC + module load); Kernel Tuner's recordings of
@@ -39,10 +39,28 @@ _FAILURE_TEXT = {
 }
 
 
+# A launch the driver refuses costs about this much GPU time when the recording has no figure.
+LAUNCH_FAILURE_S = 0.05
+
+
 @dataclass(frozen=True)
 class Answer:
+    """One configuration's result and what it cost on the node (seconds, before time scaling).
+
+    ``compile_s`` is host time before the GPU (compile and module load; for an infrastructure
+    failure, the time to notice it), ``gpu_s`` the GPU's: the checked launch and the timed
+    ones, 0 when the configuration never reached the GPU. A batch Pod overlaps the compiles
+    of later configurations with the GPU work of earlier ones (`fleettune_dev.sim.batch`).
+    """
+
     result: TrialResult
-    duration_s: float  # how long the trial would have run on the node (before time scaling)
+    compile_s: float
+    gpu_s: float = 0.0
+
+    @property
+    def duration_s(self) -> float:
+        """How long a Pod measuring only this configuration runs (start-up aside)."""
+        return self.compile_s + self.gpu_s
 
 
 def fingerprint(pool: NodePool, labels: dict[str, str], *, synthetic: bool) -> Fingerprint:
@@ -76,15 +94,15 @@ def _scale_to_problem(m: Measurement, trial: Trial, recorded: list[int]) -> Meas
     if m.time_ms is None or list(trial.problem_size) == list(recorded) or not trial.problem_size:
         return m
     ratio = math.prod(trial.problem_size) / max(1, math.prod(recorded))
-    return Measurement(time_ms=m.time_ms * ratio, times=tuple(t * ratio for t in m.times), synthetic=True,
-                       detail=f"{m.detail or 'recorded'}; scaled from problem size {recorded} "
-                       f"to {trial.problem_size}")
+    return replace(m, time_ms=m.time_ms * ratio, times=tuple(t * ratio for t in m.times), synthetic=True,
+                   verification_ms=scale_ms(m.verification_ms, ratio), benchmark_ms=scale_ms(m.benchmark_ms, ratio),
+                   detail=f"{m.detail or 'recorded'}; scaled from problem size {recorded} to {trial.problem_size}")
 
 
 def infra(error: str, pool: NodePool | None = None, labels: dict[str, str] | None = None) -> Answer:
     fp = fingerprint(pool, labels or {}, synthetic=False) if pool else Fingerprint(simulated=True)
     return Answer(TrialResult(outcome=Outcome.INFRA_ERROR, error=f"simulator: {error}"[:1000],
-                              fingerprint=fp), duration_s=0.2)
+                              fingerprint=fp), compile_s=0.2)
 
 
 def answer_trial(trial: Trial, pool: NodePool, labels: dict[str, str], model: KernelModel,
@@ -97,32 +115,47 @@ def invalid_configuration(outcome: Outcome, error: str, pool: NodePool, labels: 
                           compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     """A verdict of real rules (NVRTC's, CUDA's launch limits) about user source: not synthetic."""
     assert outcome.is_invalid_configuration
-    # A launch failure happens after compiling; the others instead of running.
-    duration = compile_s + (0.05 if outcome == Outcome.LAUNCH_ERROR else 0.0)
-    return Answer(TrialResult(outcome=outcome, error=error[:1000],
-                              fingerprint=fingerprint(pool, labels, synthetic=False),
-                              compile_s=round(compile_s, 3)), duration_s=duration)
+    return _failed(outcome, error, fingerprint(pool, labels, synthetic=False), compile_s)
+
+
+def _failed(outcome: Outcome, error: str, fp: Fingerprint, compile_s: float, gpu_s: float | None = None) -> Answer:
+    # A launch failure happens on the GPU after compiling; the others instead of running.
+    gpu = (gpu_s or LAUNCH_FAILURE_S) if outcome == Outcome.LAUNCH_ERROR else 0.0
+    return Answer(TrialResult(outcome=outcome, error=error[:1000], fingerprint=fp, compile_s=round(compile_s, 3)),
+                  compile_s=compile_s, gpu_s=gpu)
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
 
 
 def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: Measurement,
                        *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
+    """The job's result for measurement ``m``. Costs are the recording's own when it has
+    them, else modelled: ``compile_s`` to compile, the kernel time × (warm-ups + repeats)
+    on the GPU (no separate verification)."""
     fp = fingerprint(pool, labels, synthetic=m.synthetic)
+    recorded_compile = _seconds(m.compile_ms)
+    compile_s = compile_s if recorded_compile is None else recorded_compile
+    verification_s = _seconds(m.verification_ms) or 0.0
     if m.failure is not None:
         outcome = FAILURE_OUTCOMES[m.failure]
-        # A launch failure happens after compiling; the others instead of running.
-        duration = compile_s + (0.05 if outcome == Outcome.LAUNCH_ERROR else 0.0)
         text = f"{_FAILURE_TEXT[m.failure]} ({m.detail})" if m.detail else _FAILURE_TEXT[m.failure]
-        return Answer(TrialResult(outcome=outcome, error=f"simulated: {text}", fingerprint=fp,
-                                  compile_s=round(compile_s, 3)), duration_s=duration)
+        return _failed(outcome, f"simulated: {text}", fp, compile_s,
+                       gpu_s=verification_s + (_seconds(m.benchmark_ms) or 0.0))
     assert m.time_ms is not None
-    run_s = max(m.time_ms * (trial.warmups + trial.repeats) / 1000.0, trial.min_duration_s)
+    recorded_benchmark = _seconds(m.benchmark_ms)
+    timing_s = (m.time_ms * (trial.warmups + trial.repeats) / 1000.0 if recorded_benchmark is None
+                else recorded_benchmark)
+    run_s = verification_s + max(timing_s, trial.min_duration_s)
     if compile_s + run_s > trial.timeout_s:
+        # The job's watchdog ends the configuration at its timeout, on the GPU or before it.
+        cpu = min(compile_s, trial.timeout_s)
         return Answer(TrialResult(outcome=Outcome.TIMEOUT, fingerprint=fp,
                                   error=f"simulated: exceeded the trial timeout of {trial.timeout_s:g}s"),
-                      duration_s=trial.timeout_s)
+                      compile_s=cpu, gpu_s=trial.timeout_s - cpu)
     n = min(trial.repeats, len(m.times)) or 1
     times = [round(t, 6) for t in (m.times or (m.time_ms,))[:n]]
     result = TrialResult(outcome=Outcome.OK, objective=round(m.time_ms, 6), times=times, fingerprint=fp,
-                         compile_s=round(compile_s, 3),
-                         run_s=round(run_s, 4))
-    return Answer(result, duration_s=compile_s + run_s)
+                         compile_s=round(compile_s, 3), run_s=round(run_s, 4))
+    return Answer(result, compile_s=compile_s, gpu_s=run_s)

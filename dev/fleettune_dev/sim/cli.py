@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fleettune_dev.cluster.fleet import FleetError, load_fleet
 from fleettune_dev.cluster.local import DEFAULT_STATE_DIR, LocalCluster
+from fleettune_dev.sim.startup import PodStartup
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,7 +22,9 @@ def _parser() -> argparse.ArgumentParser:
         "nodes and complete each with the result its pool's GPU recorded (or a synthetic model's, "
         "marked synthetic), through the same termination-message protocol as the real job. User CUDA "
         "source is compiled for real with NVRTC (compile errors are the compiler's) and timed by a "
-        "synthetic model. A Pod whose node is deleted is never answered. Pods on real nodes are never touched.",
+        "synthetic model. A batch Pod measures its configurations in order, compiling ahead on its node's "
+        "CPUs while the GPU times earlier ones, and one deleted mid-batch keeps the answers it reached. "
+        "A Pod whose node is deleted is never answered. Pods on real nodes are never touched.",
     )
     p.add_argument("--kubeconfig", type=Path, default=None,
                    help="default: $KUBECONFIG, else the local cluster's (see --state-dir)")
@@ -31,13 +34,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="fleet file (default: the one the local cluster was started with, else the demo fleet)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply simulated durations (1.0: ~0.9 s per trial; 0 answers at once)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic models' noise")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic models' noise and start-up draws")
+    p.add_argument("--pod-startup", action="store_true",
+                   help="model each Pod's start-up (interpreter, imports, CUDA context) before its first "
+                   "configuration: log-normal, see --startup-p50/--startup-p99 (default: off, Pods start at once)")
+    p.add_argument("--startup-p50", type=float, default=PodStartup.p50_s, metavar="S",
+                   help="median start-up with --pod-startup (default: %(default)s s)")
+    p.add_argument("--startup-p99", type=float, default=PodStartup.p99_s, metavar="S",
+                   help="99th-percentile start-up with --pod-startup (default: %(default)s s)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every answered trial")
     return p
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        startup = PodStartup(args.startup_p50, args.startup_p99) if args.pod_startup else None
+    except ValueError as exc:
+        parser.error(str(exc))
     from fleettune import logs
 
     logs.setup(logging.INFO if args.verbose else logging.WARNING)
@@ -57,14 +72,14 @@ def main(argv: list[str]) -> int:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    sim = FleetSimulator(kubeconfig, fleet, time_scale=args.time_scale, seed=args.seed).start()
+    sim = FleetSimulator(kubeconfig, fleet, time_scale=args.time_scale, seed=args.seed, startup=startup).start()
     synthetic = [f"{p.name}/{k}" for p in fleet.pools for k in p.simulation.synthetic]
     print(f"simulating pools {', '.join(fleet.pool_names())} against {kubeconfig}"
           + (f"; SYNTHETIC models (not measurements) for {', '.join(synthetic)}" if synthetic else ""),
           file=sys.stderr, flush=True)
     done.wait()
     sim.stop()
-    print(f"answered {len(sim.answered)} trial(s): "
+    print(f"answered {len(sim.answered)} configuration(s): "
           + ", ".join(f"{k}={v}" for k, v in sorted(sim.outcomes.items())), file=sys.stderr)
     return 0
 

@@ -11,6 +11,11 @@ parameter order). A :class:`KernelModel` answers one configuration:
   because it was inferred, not measured.
 * :class:`SyntheticKernel` — another GPU's recording × a slowdown × deterministic
   per-configuration noise, for pools nobody has recorded (Jetson). Always synthetic.
+
+A full Kernel Tuner cache also says what each configuration cost besides its kernel time
+(``compile_time``, ``verification_time``, ``benchmark_time``, in ms): a measurement keeps
+them when present, and the simulator then takes a trial's duration from them. Compact
+recordings made before these were kept have none; the simulator models the costs then.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ class Measurement:
     failure: Failure | None = None
     synthetic: bool = False
     detail: str = ""  # where the answer came from, for the result's error text / logs
+    # What the recording's tuner spent on the configuration (ms), when it recorded it.
+    compile_ms: float | None = None  # compile and module load, on the host
+    verification_ms: float | None = None  # the checked launch
+    benchmark_ms: float | None = None  # all timed launches
 
 
 def _plain(value: Any) -> Any:
@@ -110,6 +119,17 @@ def _kt_value_text(value: Any) -> str:
 
 
 _FAILURES: dict[str, Failure] = {"compile": "compile", "runtime": "runtime", "invalid": "invalid"}
+COST_FIELDS = ("compile_time", "verification_time", "benchmark_time")  # Kernel Tuner's, in ms
+
+
+def _costs(entry: dict[str, Any]) -> dict[str, float]:
+    """The recorded costs of one cache entry by Kernel Tuner's names (absent or not a time: left out)."""
+    out = {}
+    for name in COST_FIELDS:
+        value = entry.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            out[name] = float(value)
+    return out
 
 
 @functools.lru_cache(maxsize=16)
@@ -124,11 +144,15 @@ def load_recording(path: Path) -> Recording:
     for rec in records:
         key = ",".join(_kt_value_text(rec.config[k]) for k in keys)
         times = tuple(float(t) for t in (rec.times or ())[:MAX_REPEATS_KEPT])
+        costs = _costs(rec.extras)
         if rec.failure is not None:
-            table[key] = Measurement(time_ms=None, failure=_FAILURES[rec.failure],
-                                     detail=f"recorded failure in {path.name}")
+            m = Measurement(time_ms=None, failure=_FAILURES[rec.failure], detail=f"recorded failure in {path.name}")
         elif rec.time_ms is not None:
-            table[key] = Measurement(time_ms=float(rec.time_ms), times=times or (float(rec.time_ms),))
+            m = Measurement(time_ms=float(rec.time_ms), times=times or (float(rec.time_ms),))
+        else:
+            continue
+        table[key] = replace(m, compile_ms=costs.get("compile_time"), verification_ms=costs.get("verification_time"),
+                             benchmark_ms=costs.get("benchmark_time"))
     name = path.name.removesuffix(".gz").removesuffix(".json")
     size = rs.problem_size
     problem_size = [int(s) for s in size] if isinstance(size, list | tuple) else [int(size)]
@@ -194,11 +218,21 @@ class SyntheticKernel:
         # Repeats jitter around the configuration's own (noisy) time by a fifth of the spread.
         times = tuple(t * factor * noise_factor(self.noise / 5, self.seed, self.label, key, i)
                       for i, t in enumerate(base.times))
-        return Measurement(time_ms=base.time_ms * factor, times=times, synthetic=True, detail=origin)
+        # Timed launches are the kernel's time; the checked launch is a launch plus a host
+        # comparison (GPU-bound enough to follow the slowdown); compiling is host work.
+        return replace(base, time_ms=base.time_ms * factor, times=times, synthetic=True, detail=origin,
+                       verification_ms=scale_ms(base.verification_ms, self.slowdown),
+                       benchmark_ms=scale_ms(base.benchmark_ms, factor))
+
+
+def scale_ms(value: float | None, factor: float) -> float | None:
+    """A recorded cost times ``factor``; unrecorded stays unrecorded."""
+    return None if value is None else value * factor
 
 
 def compact_recording(src: Path, dst: Path, repeats: int = MAX_REPEATS_KEPT) -> tuple[int, int]:
-    """Write a smaller, still valid Kernel Tuner cache: header, parameters, time, ≤ ``repeats`` times.
+    """Write a smaller, still valid Kernel Tuner cache: header, parameters, time, ≤ ``repeats``
+    times, and the compile/verification/benchmark times where the source has them.
 
     This is how the recordings shipped in ``fleettune_dev/data/recordings`` were made.
     Returns (configurations, bytes written).
@@ -217,6 +251,7 @@ def compact_recording(src: Path, dst: Path, repeats: int = MAX_REPEATS_KEPT) -> 
         else:
             small["time"] = round(float(t), 6)
             small["times"] = [round(float(x), 6) for x in (rec.get("times") or [])[:repeats]]
+        small |= {name: round(ms, 3) for name, ms in _costs(rec).items()}
         cache[key] = small
     out["cache"] = cache
     data = gzip.compress(json.dumps(out, separators=(",", ":")).encode(), compresslevel=9, mtime=0)

@@ -9,6 +9,18 @@ container exited: ``state.terminated`` with the result as ``message`` and its ex
 phase Succeeded or Failed. The Job controller and the operator then see exactly what they
 would see on a real GPU node. Pods on real nodes are never touched.
 
+A batch Pod (the env holds a ``Batch``) is answered entry by entry the same way, on the
+timeline of ``fleettune_dev.sim.batch``: compiles run ahead on the node's CPU cores while
+the GPU checks and times the configurations already compiled; the Pod ends with the whole
+``BatchResult``. A batch Pod that gets a deletionTimestamp while it runs (deleted, evicted)
+is stopped as a kubelet stops it: terminated with exit code 137 and the answers its
+simulated time had reached (``done=False``, error ``terminated``). A single-trial Pod being
+deleted is left to kwok, as before.
+
+With ``startup`` (a :class:`~fleettune_dev.sim.startup.PodStartup`), every Pod first spends
+a seeded draw of the container's start-up (interpreter, imports, CUDA context) before its
+first configuration; off by default.
+
 User-source trials are compiled for real with NVRTC (the source comes from the ConfigMap
 the Pod mounts), so compile errors are the compiler's own; their times come from a
 synthetic model (``fleettune_dev.sim.usersource``).
@@ -58,8 +70,10 @@ from fleettune_dev.sim.answer import (
     infra,
     invalid_configuration,
 )
+from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots, is_batch_text
 from fleettune_dev.sim.rawwatch import WatchExpired, raw_list, raw_watch
 from fleettune_dev.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
+from fleettune_dev.sim.startup import PodStartup
 from fleettune_dev.sim.usersource import (
     Compiler,
     ConfigMapReader,
@@ -71,11 +85,22 @@ from fleettune_dev.sim.usersource import (
     source_location,
     synthetic_measurement,
 )
-from fleettune_job.protocol import CONTAINER_NAME, TRIAL_ENV, Outcome, Trial
+from fleettune_job.protocol import (
+    CONTAINER_NAME,
+    TRIAL_ENV,
+    Batch,
+    BatchResult,
+    Fingerprint,
+    Outcome,
+    Trial,
+    TrialResult,
+    parse_work,
+)
 
 log = logging.getLogger("fleettune.sim")  # the name in the simulator's log lines
 
 MANAGED_SELECTOR = f"{MANAGED_BY}={MANAGER}"
+KILLED_EXIT_CODE = 137  # 128 + SIGKILL: what a kubelet reports for a container it stopped
 
 
 @dataclass(order=True)
@@ -87,11 +112,17 @@ class _Due:
     uid: str
     node: str
     node_uid: str
-    answer: Answer
-    trial: tuple[str, str, str, int]
+    answer: Answer | BatchAnswer
+    trial: tuple[str, str, str, int]  # a batch's index is -1: its answers name their own
     containers: list[tuple[str, str]]  # (name, image)
     started: dict[str, str]  # container name -> startedAt
     tries: int = 0
+    began: float = 0.0  # monotonic time the Pod was seen Running
+    startup_s: float = 0.0  # simulated start-up before its first configuration
+
+    def elapsed_s(self, now: float, time_scale: float) -> float:
+        """Simulated seconds since the Pod's start-up ended (everything is over at time scale 0)."""
+        return (now - self.began) / time_scale - self.startup_s if time_scale > 0 else float("inf")
 
 
 def _now_rfc3339() -> str:
@@ -108,6 +139,12 @@ def _trial_container(pod: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
             if env.get("name") == TRIAL_ENV:
                 return c, env.get("value") or ""
     return None
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    """The trial container's environment (literal values)."""
+    found = _trial_container(pod)
+    return {e["name"]: e.get("value") or "" for e in (found[0].get("env") or [] if found else [])}
 
 
 def _trial_env(pod: dict[str, Any]) -> str | None:
@@ -128,10 +165,10 @@ def _trial_id(pod: dict[str, Any]) -> tuple[str, str, str, int]:
     ns = pod["metadata"].get("namespace", "")
     text = _trial_env(pod)
     try:
-        trial = Trial.from_env(text or "")
+        work = parse_work(text or "")
     except ValueError:
         return (ns, "", "", -1)
-    return (ns, trial.run, trial.target, trial.index)
+    return (ns, work.run, work.target, work.index if isinstance(work, Trial) else -1)
 
 
 class FleetSimulator:
@@ -139,17 +176,21 @@ class FleetSimulator:
 
     ``time_scale`` multiplies simulated durations (1.0: a trial takes about as long as on
     the GPU, compile included: ~0.9 s for the convolution kernel). ``seed`` fixes the
-    synthetic models' noise. Counters: ``answered`` (one ``(namespace, run, target, index)``
-    per completed Pod, in completion order; ``("ns", "", "", -1)`` for a Pod without a
-    readable trial), ``outcomes`` (count per outcome), ``ignored`` (Pods on real nodes),
-    ``lost`` (Pods left unanswered because their node was deleted), ``errors`` (API
-    failures, most recent last). ``compiler`` compiles user source (its ``compiles``
-    counts NVRTC runs).
+    synthetic models' noise and the start-up draws. ``startup``: model each Pod's start-up
+    (None: Pods start measuring at once, as before). Counters: ``answered`` (one
+    ``(namespace, run, target, index)`` per answered configuration, in completion order: a
+    batch Pod adds one per answer it wrote; ``("ns", "", "", -1)`` for a Pod without a
+    readable trial), ``outcomes`` (count per answered configuration's outcome, and one
+    ``infra_error`` per batch Pod stopped by an infrastructure failure), ``ignored``
+    (Pods on real nodes), ``lost`` (Pods left unanswered because their node was deleted),
+    ``terminated`` (batch Pods stopped mid-batch by their deletion), ``errors`` (API
+    failures, most recent last). ``compiler`` compiles user source (its ``compiles`` counts
+    NVRTC runs).
     """
 
     def __init__(self, kubeconfig: Path | str, fleet: Fleet, time_scale: float = 1.0, seed: int = 0, *,
                  compile_s: float = DEFAULT_COMPILE_S, label_selector: str = MANAGED_SELECTOR,
-                 workers: int = 16) -> None:
+                 workers: int = 16, startup: PodStartup | None = None) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self.kubeconfig = Path(kubeconfig)
@@ -157,17 +198,21 @@ class FleetSimulator:
         self.time_scale = time_scale
         self.seed = seed
         self.compile_s = compile_s
+        self.startup = startup
         self.label_selector = label_selector
         self.answered: list[tuple[str, str, str, int]] = []
         self.outcomes: Counter[str] = Counter()
         self.ignored = 0
         self.lost = 0
+        self.terminated = 0
         self.errors: list[str] = []
         self.compiler = Compiler()
         self.workers = max(1, workers)
         self._seen: set[str] = set()
         self._starting: set[str] = set()  # Pods whose node is being read
         self._running: set[str] = set()  # Pods Running and not being deleted, per the watch
+        self._batches: dict[str, _Due] = {}  # batch Pods answered but not yet written, by uid
+        self._stopping: set[str] = set()  # batch Pods deleted before they were answered
         self._local = threading.local()
         self._answering = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -334,21 +379,34 @@ class FleetSimulator:
         return node["metadata"]["uid"] != due.node_uid
 
     def _consider(self, kind: str, pod: dict[str, Any]) -> None:
-        """A Pod event: note whether it is still running, and schedule the answer of a Pod
-        newly Running on the worker pool (the watch thread must not wait on the API)."""
+        """A Pod event: note whether it is still running, schedule the answer of a Pod
+        newly Running, and stop a batch Pod being deleted, on the worker pool (the watch
+        thread must not wait on the API)."""
         meta = pod["metadata"]
         uid = meta["uid"]
         node = (pod.get("spec") or {}).get("nodeName")
-        running = (kind != "DELETED" and meta.get("deletionTimestamp") is None and bool(node)
-                   and (pod.get("status") or {}).get("phase") == "Running")
+        phase = (pod.get("status") or {}).get("phase")
+        deleting = kind != "DELETED" and meta.get("deletionTimestamp") is not None
+        running = kind != "DELETED" and not deleting and bool(node) and phase == "Running"
+        killed: _Due | None = None
         with self._cv:
-            if not running:
+            if running:
+                self._running.add(uid)
+                if uid in self._seen or uid in self._starting:
+                    return
+                self._starting.add(uid)
+            else:
                 self._running.discard(uid)
-                return
-            self._running.add(uid)
-            if uid in self._seen or uid in self._starting:
-                return
-            self._starting.add(uid)
+                killed = self._batches.pop(uid, None)
+        if not running:
+            # A batch Pod deleted while it measures is stopped; one that ended already is left alone.
+            if deleting and phase == "Running":
+                if killed is not None:
+                    self._submit(self._terminate_on_worker, killed, meta.get("resourceVersion", ""))
+                elif uid not in self._stopping and is_batch_text(_trial_env(pod) or ""):
+                    self._stopping.add(uid)  # one try: its later events must not stop it again
+                    self._submit(self._stop_untracked_on_worker, pod)
+            return
         if not self._submit(self._start_on_worker, pod):
             with self._cv:
                 self._starting.discard(uid)
@@ -391,22 +449,36 @@ class FleetSimulator:
             return
         labels = dict(node_meta.get("labels") or {})
         namespace = meta.get("namespace", "")
+        answer: Answer | BatchAnswer
         try:
             answer = self.answer(pod, labels, config_maps=lambda name: self._read_config_map(core, namespace, name))
         except Exception as exc:  # a bug or an unreadable recording: fail this trial, not the loop
             self._record_error(f"answering {meta.get('namespace')}/{meta.get('name')}: {exc!r}")
             answer = infra(f"internal error: {exc!r}")
-        due = _Due(at=began + answer.duration_s * self.time_scale, seq=next(self._seq),
-                   namespace=meta["namespace"], name=meta["name"], uid=uid, node=node_name,
-                   node_uid=node_meta.get("uid", ""), answer=answer,
-                   trial=_trial_id(pod), started=_started_at(pod),
-                   containers=[(c["name"], c.get("image", "")) for c in pod["spec"]["containers"]])
+            if is_batch_text(_trial_env(pod) or ""):
+                answer = BatchAnswer.failed(answer)
+        startup_s = self.startup.for_pod(self.seed, uid) if self.startup is not None else 0.0
+        due = self._due(pod, node_meta.get("uid", ""), answer, began=began, startup_s=startup_s)
         with self._cv:
             if uid in self._seen:
                 return
             self._seen.add(uid)
             heapq.heappush(self._heap, due)
+            # Only a batch Pod still running can be stopped mid-batch; one deleted meanwhile
+            # was ended by kwok already.
+            if isinstance(answer, BatchAnswer) and uid in self._running:
+                self._batches[uid] = due
             self._cv.notify_all()
+
+    def _due(self, pod: dict[str, Any], node_uid: str, answer: Answer | BatchAnswer, *, began: float,
+             startup_s: float = 0.0) -> _Due:
+        """The Pod's answer, due when its simulated time is up."""
+        meta = pod["metadata"]
+        return _Due(at=began + (startup_s + answer.duration_s) * self.time_scale, seq=next(self._seq),
+                    namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], node=pod["spec"]["nodeName"],
+                    node_uid=node_uid, answer=answer, trial=_trial_id(pod), started=_started_at(pod),
+                    containers=[(c["name"], c.get("image", "")) for c in pod["spec"]["containers"]],
+                    began=began, startup_s=startup_s)
 
     @staticmethod
     def _read_config_map(core: Any, namespace: str, name: str) -> Mapping[str, str] | None:
@@ -419,21 +491,38 @@ class FleetSimulator:
         return config_map_data(json.loads(resp.data))
 
     def answer(self, pod: dict[str, Any], node_labels: dict[str, str],
-               config_maps: ConfigMapReader | None = None) -> Answer:
-        """The result for a Pod on a node with these labels. ``config_maps`` reads the
-        ConfigMaps of the Pod's namespace (user source); it is the only API access."""
+               config_maps: ConfigMapReader | None = None) -> Answer | BatchAnswer:
+        """The result for a Pod on a node with these labels: an :class:`Answer` for a trial,
+        a :class:`BatchAnswer` for a batch. ``config_maps`` reads the ConfigMaps of the Pod's
+        namespace (user source); it is the only API access."""
+        text = _trial_env(pod)
         pool_name = node_labels.get(POOL_LABEL)
         try:
             pool = self.fleet.pool(pool_name or "")
         except KeyError:
-            return infra(f"node {pod['spec'].get('nodeName')} has no pool of the fleet ({POOL_LABEL}={pool_name})")
-        text = _trial_env(pod)
+            return self._unanswerable(text, infra(
+                f"node {pod['spec'].get('nodeName')} has no pool of the fleet ({POOL_LABEL}={pool_name})"))
         if text is None:
             return infra(f"no {TRIAL_ENV} value in the pod's containers", pool, node_labels)
         try:
-            trial = Trial.from_env(text)
+            work = parse_work(text)
         except ValueError as exc:
-            return infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}", pool, node_labels)
+            return self._unanswerable(text, infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}",
+                                                  pool, node_labels))
+        if isinstance(work, Batch):
+            # Entry by entry as a one-trial Pod would answer it (user source is compiled once:
+            # the compiler caches its verdicts).
+            answers = [self._answer_trial(pod, trial, pool, node_labels, config_maps) for trial in work.trials()]
+            return answer_batch(work, answers, compile_slots(pool, _env(pod)))
+        return self._answer_trial(pod, work, pool, node_labels, config_maps)
+
+    @staticmethod
+    def _unanswerable(text: str | None, answer: Answer) -> Answer | BatchAnswer:
+        """An infrastructure failure, in the batch protocol when the Pod was given a batch."""
+        return BatchAnswer.failed(answer) if text is not None and is_batch_text(text) else answer
+
+    def _answer_trial(self, pod: dict[str, Any], trial: Trial, pool: NodePool, node_labels: dict[str, str],
+                      config_maps: ConfigMapReader | None) -> Answer:
         if trial.kernel.source_path:
             return self._answer_source(pod, trial, pool, node_labels, config_maps)
         kernel = trial.kernel.builtin
@@ -529,23 +618,96 @@ class FleetSimulator:
                 due.at = time.monotonic() + 1.0
                 with self._cv:
                     heapq.heappush(self._heap, due)
+                    if isinstance(due.answer, BatchAnswer) and due.uid in self._running:
+                        self._batches[due.uid] = due  # still stoppable by its deletion meanwhile
                     self._cv.notify_all()
 
     def _complete(self, core: Any, due: _Due) -> None:
         with self._cv:
             if due.uid not in self._running:
                 return  # deleted, being deleted, or ended meanwhile (run cancelled, Job deleted)
-        if self._node_lost(core, due):
-            # A lost machine's kubelet reports nothing: the Pod stays Running until the pod
-            # garbage collector fails and deletes it (and the Job replaces it).
-            with self._cv:
-                self.lost += 1
-                self._running.discard(due.uid)
-                self._cv.notify_all()
-            log.info("%s/%s on %s: node gone, no result", due.namespace, due.name, due.node)
+            # Whichever comes first, the batch's end or its deletion, writes its status.
+            if isinstance(due.answer, BatchAnswer) and self._batches.pop(due.uid, None) is None:
+                return
+        if self._gone_with_node(core, due):
             return
         result = due.answer.result
-        code = result.exit_code
+        if self._write_status(core, due, result.exit_code, result.encode()):
+            self._answered(due, result)
+
+    def _terminate_on_worker(self, due: _Due, resource_version: str) -> None:
+        try:
+            self._terminate(self._worker_api(), due, resource_version)
+        except Exception as exc:  # kwok's own stage still ends the Pod (without its answers)
+            self._record_error(f"stopping {due.namespace}/{due.name}: {type(exc).__name__}: {exc}")
+
+    def _terminate(self, core: Any, due: _Due, resource_version: str, elapsed_s: float | None = None) -> None:
+        """A batch Pod deleted while it ran: its container is killed (exit 137, what a
+        kubelet reports) with the answers it had written ``elapsed_s`` after its start-up
+        (default: by the clock); one whose simulated time was up had exited by itself.
+        Written only over the running Pod last seen (its resourceVersion): a Pod that ended
+        meanwhile keeps its status."""
+        assert isinstance(due.answer, BatchAnswer)
+        if self._gone_with_node(core, due):
+            return
+        for _ in range(3):
+            elapsed = due.elapsed_s(time.monotonic(), self.time_scale) if elapsed_s is None else elapsed_s
+            finished = elapsed >= due.answer.duration_s
+            result = due.answer.result if finished else due.answer.terminated(elapsed)
+            code = result.exit_code if finished else KILLED_EXIT_CODE
+            if self._write_status(core, due, code, result.encode(), resource_version):
+                self._answered(due, result, killed=not finished)
+                return
+            try:  # changed since: by kwok ending it, or by something harmless (a label)
+                pod = json.loads(core.read_namespaced_pod(due.name, due.namespace, _request_timeout=10,
+                                                          _preload_content=False).data)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            if pod["metadata"].get("uid") != due.uid or (pod.get("status") or {}).get("phase") != "Running":
+                return
+            resource_version = pod["metadata"]["resourceVersion"]
+
+    def _stop_untracked_on_worker(self, pod: dict[str, Any]) -> None:
+        try:
+            self._stop_untracked(self._worker_api(), pod)
+        except Exception as exc:
+            meta = pod["metadata"]
+            self._record_error(f"stopping {meta.get('namespace')}/{meta.get('name')}: {type(exc).__name__}: {exc}")
+
+    def _stop_untracked(self, core: Any, pod: dict[str, Any]) -> None:
+        """A batch Pod on a fake node deleted before the simulator answered it (it was
+        starting, or the simulator was not watching): killed before its first answer."""
+        meta, node_name = pod["metadata"], pod["spec"]["nodeName"]
+        try:
+            node = json.loads(core.read_node(node_name, _request_timeout=10, _preload_content=False).data)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # gone with its node: nothing reports
+            raise
+        if (node["metadata"].get("annotations") or {}).get(KWOK_ANNOTATION) != "fake":
+            return  # a real kubelet's
+        nothing = BatchAnswer(Fingerprint(simulated=True), (), float("inf"))
+        due = self._due(pod, node["metadata"]["uid"], nothing, began=time.monotonic())
+        self._terminate(core, due, meta.get("resourceVersion", ""), elapsed_s=0.0)
+
+    def _gone_with_node(self, core: Any, due: _Due) -> bool:
+        if not self._node_lost(core, due):
+            return False
+        # A lost machine's kubelet reports nothing: the Pod stays Running until the pod
+        # garbage collector fails and deletes it (and the Job replaces it).
+        with self._cv:
+            self.lost += 1
+            self._running.discard(due.uid)
+            self._batches.pop(due.uid, None)
+            self._cv.notify_all()
+        log.info("%s/%s on %s: node gone, no result", due.namespace, due.name, due.node)
+        return True
+
+    def _write_status(self, core: Any, due: _Due, code: int, message: str, resource_version: str = "") -> bool:
+        """Write the Pod's status as a kubelet does once its containers have ended. False
+        when the Pod is gone, another Pod by now, or (with ``resource_version``) changed."""
         now = _now_rfc3339()
         names = [name for name, _ in due.containers]
         trial_container = CONTAINER_NAME if CONTAINER_NAME in names else names[0]
@@ -559,14 +721,15 @@ class FleetSimulator:
                 "finishedAt": now,
             }
             if mine:
-                terminated["message"] = result.encode()
+                terminated["message"] = message
             statuses.append({"name": name, "image": image, "imageID": "", "ready": False,
                              "restartCount": 0, "started": False, "state": {"terminated": terminated}})
         phase = "Succeeded" if code == 0 else "Failed"
         condition = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+        # The uid is immutable: a Pod re-created under the same name meanwhile rejects the patch.
+        meta = {"uid": due.uid} | ({"resourceVersion": resource_version} if resource_version else {})
         body = {
-            # The uid is immutable: a Pod re-created under the same name meanwhile rejects the patch.
-            "metadata": {"uid": due.uid},
+            "metadata": meta,
             "status": {
                 "phase": phase,
                 "conditions": [{"type": "Ready", **condition}, {"type": "ContainersReady", **condition}],
@@ -580,14 +743,32 @@ class FleetSimulator:
                                                  _preload_content=False).data
         except ApiException as exc:
             if exc.status in (404, 409, 422):
-                return  # gone, or another Pod by now
+                return False  # gone, or another Pod (or another state of it) by now
             raise
-        outcome = Outcome(result.outcome).value
-        with self._cv:
-            self.answered.append(due.trial)
-            self.outcomes[outcome] += 1
-            self._cv.notify_all()
-        log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, outcome,
-                 f" {result.objective:.4g} ms" if result.objective else "",
-                 " (synthetic)" if result.fingerprint.synthetic else "")
+        return True
 
+    def _answered(self, due: _Due, result: TrialResult | BatchResult, *, killed: bool = False) -> None:
+        if isinstance(result, TrialResult):
+            outcome = Outcome(result.outcome).value
+            with self._cv:
+                self.answered.append(due.trial)
+                self.outcomes[outcome] += 1
+                self._cv.notify_all()
+            log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, outcome,
+                     f" {result.objective:.4g} ms" if result.objective else "",
+                     " (synthetic)" if result.fingerprint.synthetic else "")
+            return
+        ns, run, target, _ = due.trial
+        counts = Counter(Outcome(a.o).value for a in result.answers)
+        with self._cv:
+            self.answered.extend((ns, run, target, a.i) for a in result.answers)
+            self.outcomes.update(counts)
+            if killed:
+                self.terminated += 1
+            elif not result.done:  # stopped by an infrastructure failure: a verdict on the Pod
+                self.outcomes[Outcome.INFRA_ERROR.value] += 1
+            self._cv.notify_all()
+        log.info("%s/%s on %s: batch %s%s%s", due.namespace, due.name, due.node,
+                 ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "with no answer",
+                 "" if result.done else f", stopped: {result.error}",
+                 " (synthetic)" if result.fingerprint.synthetic else "")

@@ -1,0 +1,61 @@
+"""The batch-size rule of batched Pods (fleettune.optimize.batching.batch_size)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from fleettune.optimize.batching import batch_size
+
+
+def test_nothing_measured_takes_one_configuration() -> None:
+    assert batch_size([], 60.0, 16, 100) == 1
+    # Nothing usable: failures that never reached the GPU report 0 or nan.
+    assert batch_size([0.0, math.nan, -1.0, math.inf], 60.0, 16, 100) == 1
+
+
+@pytest.mark.parametrize("per_config", [0.7, 3.0, 5.9, 7.5, 13.0, 59.0, 61.0, 600.0])
+def test_aims_at_the_pod_duration(per_config: float) -> None:
+    k = batch_size([per_config], 60.0, 1000, 1000)
+    # The largest batch whose estimated GPU time stays within the aim (at least one).
+    assert k >= 1
+    assert k == 1 or k * per_config <= 60.0
+    assert (k + 1) * per_config > 60.0
+
+
+def test_uses_the_median_of_what_was_measured() -> None:
+    measured = [2.0, 2.5, 3.0, 400.0, 0.0]  # one pathological configuration, one failure
+    median = statistics.median([2.0, 2.5, 3.0, 400.0])
+    assert batch_size(measured, 60.0, 100, 100) == math.floor(60.0 / median)
+    # Order does not matter.
+    assert batch_size(list(reversed(measured)), 60.0, 100, 100) == batch_size(measured, 60.0, 100, 100)
+
+
+def test_clamped_to_max_batch_and_remaining_budget() -> None:
+    assert batch_size([0.01], 60.0, 16, 100) == 16
+    assert batch_size([0.01], 60.0, 16, 5) == 5
+    assert batch_size([1e-300], 60.0, 16, 100) == 16  # no overflow
+    assert batch_size([1000.0], 60.0, 16, 100) == 1
+    assert batch_size([1.0], 60.0, 16, 0) == 0
+    assert batch_size([1.0], 60.0, 16, -3) == 0
+    assert batch_size([], 60.0, 1, 10) == 1
+
+
+def test_monotone_in_the_aim_and_in_the_measured_time() -> None:
+    sizes = [batch_size([2.0], s, 64, 1000) for s in (1.0, 5.0, 10.0, 30.0, 60.0, 120.0)]
+    assert sizes == sorted(sizes)
+    sizes = [batch_size([t], 60.0, 64, 1000) for t in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)]
+    assert sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.parametrize("pod_seconds", [0.0, -1.0, math.nan, math.inf])
+def test_rejects_a_meaningless_aim(pod_seconds: float) -> None:
+    with pytest.raises(ValueError, match="pod_seconds"):
+        batch_size([1.0], pod_seconds, 16, 10)
+
+
+def test_rejects_max_batch_below_one() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        batch_size([1.0], 60.0, 0, 10)
