@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -334,11 +334,15 @@ def short_error(text: str, limit: int) -> str:
     return text if len(text) <= limit else (text[: max(limit - 1, 0)] + "…" if limit else "")
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
 class ProtocolError(ValueError):
     """A termination message that is not a valid result: an infrastructure failure."""
 
 
-def decode(message: str | None) -> TrialResult:
+def _document(message: str | None) -> dict[str, Any]:
+    """A termination message's JSON object of this protocol's version (raises ProtocolError)."""
     if not message or not message.strip():
         raise ProtocolError("empty termination message")
     if len(message.encode()) > MAX_MESSAGE_BYTES:
@@ -351,34 +355,28 @@ def decode(message: str | None) -> TrialResult:
         raise ProtocolError("termination message is not a JSON object")
     if raw.get("version") != PROTOCOL_VERSION:
         raise ProtocolError(f"unknown protocol version {raw.get('version')!r}")
+    return raw
+
+
+def _validated(model: type[_M], raw: dict[str, Any], what: str) -> _M:
     try:
-        return TrialResult.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "result"
-        raise ProtocolError(f"invalid result: {where}: {first['msg']}") from None
+        raise ProtocolError(f"invalid {what}: {where}: {first['msg']}") from None
+
+
+def decode(message: str | None) -> TrialResult:
+    return _validated(TrialResult, _document(message), "result")
 
 
 def decode_batch(message: str | None) -> BatchResult:
     """A batch Pod's termination message (raises ProtocolError like `decode`)."""
-    if not message or not message.strip():
-        raise ProtocolError("empty termination message")
-    if len(message.encode()) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"termination message of {len(message.encode())} bytes exceeds 4 KiB")
-    try:
-        raw = json.loads(message)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError(f"termination message is not JSON: {exc.msg} at {exc.pos}") from None
-    if not isinstance(raw, dict) or raw.get("batch") is not True:
+    raw = _document(message)
+    if raw.get("batch") is not True:
         raise ProtocolError("termination message is not a batch result")
-    if raw.get("version") != PROTOCOL_VERSION:
-        raise ProtocolError(f"unknown protocol version {raw.get('version')!r}")
-    try:
-        return BatchResult.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "result"
-        raise ProtocolError(f"invalid batch result: {where}: {first['msg']}") from None
+    return _validated(BatchResult, raw, "batch result")
 
 
 def infra_failure(error: str) -> TrialResult:
