@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
             crd.write(render())
             crd.flush()
             cluster.kubectl("apply", "--server-side", "-f", crd.name)
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        cluster.wait_established(f"{PLURAL}.{GROUP}")
         _start_services(cluster, say)
         # A run left by an earlier `--keep` would only show its old result: tune afresh.
         cluster.kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", str(args.manifest))

@@ -66,10 +66,7 @@ def install_crd(cluster: Any) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(render())
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", f.name)
-    # `kubectl wait` fails at once (not waits) while a new CRD has no status.conditions yet.
-    wait_for(lambda: cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}",
-                                     "--timeout=30s", check=False).returncode == 0,
-             60, "the TuningRun CRD to be established")
+    cluster.wait_established(f"{PLURAL}.{GROUP}")
 
 
 class OperatorProcess:

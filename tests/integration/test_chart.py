@@ -63,8 +63,7 @@ def foreign_crds(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> None
     for path in (*(module / crd for crd in MONITORING_CRDS.values()), CHART / "crds" / "kopf-peering.yaml"):
         cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
                         "-f", str(path))
-    for name in (*MONITORING_CRDS, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.wait_established(*MONITORING_CRDS, "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,7 @@ def tuningrun_crd(cluster: Any, helm: Path, tmp_path_factory: pytest.TempPathFac
     path = tmp_path_factory.mktemp("crd") / "crd.yaml"
     path.write_text(render(helm, "ft", "default", "--show-only", "templates/crds.yaml"))
     cluster.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", str(path))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/tuningruns.fleettune.dev", "--timeout=60s")
+    cluster.wait_established("tuningruns.fleettune.dev")
 
 
 def render(helm: Path, release: str, namespace: str, *args: str) -> str:

@@ -4,7 +4,6 @@ of a run's stored results as a Kernel Tuner cache that Kernel Tuner replays."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,20 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tuningrun_kind(cluster: Any) -> Iterator[None]:
-    """The TuningRun CRD installed (`operator_support.install_crd`), retried while kubectl 1.34's
-    `wait --for=condition=Established` fails on a CRD whose status has no conditions yet."""
+    """The TuningRun CRD installed (`operator_support.install_crd`)."""
     from operator_support import install_crd
 
-    from fleettune_dev.cluster.local import ClusterError
-
-    for attempt in range(20):
-        try:
-            install_crd(cluster)
-            break
-        except ClusterError as exc:
-            if "conditions accessor error" not in str(exc) or attempt == 19:
-                raise
-            time.sleep(0.5)
+    install_crd(cluster)
     yield
 
 

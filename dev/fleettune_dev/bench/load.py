@@ -616,7 +616,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         crd = state / "crd.yaml"
         crd.write_text(render())
         cluster.kubectl("apply", "--server-side", "-f", str(crd))
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+        cluster.wait_established(f"{PLURAL}.{GROUP}")
         api = cluster.api_client()
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)

@@ -301,6 +301,22 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Wait until each CRD (by name) serves its kind. kubectl 1.34's `wait
+        --for=condition=Established` fails at once, rather than waits, while a new CRD has
+        no status.conditions yet: that is retried."""
+        deadline = time.monotonic() + timeout
+        for crd in crds:
+            while True:
+                left = max(1, int(deadline - time.monotonic()))
+                proc = self.kubectl("wait", "--for=condition=Established", f"crd/{crd}", f"--timeout={left}s",
+                                    check=False, timeout=left + 30)
+                if proc.returncode == 0:
+                    break
+                if "accessor error" not in proc.stderr or time.monotonic() > deadline:
+                    raise ClusterError(f"CRD {crd} not established: {proc.stderr.strip()}")
+                time.sleep(0.5)
+
     def kubectl_path(self) -> Path:
         return self._bins(_quiet).kube("kubectl")
 
