@@ -273,12 +273,13 @@ class BudgetSpec(Model):
     trials_per_pod: int | None = Field(
         default=None, ge=1, le=MAX_BATCH,
         description="Configurations one trial Pod measures (one Pod start-up, one CUDA context; compiles run "
-        "ahead on the node's CPUs). Unset: chosen per pool from its first measurements to last about "
-        "podSeconds, at most 16. 1: one configuration per Pod (the most isolation).",
+        "ahead on the node's CPUs). Unset: chosen per pool from its first measurements, for about podSeconds "
+        "of GPU work per Pod, at most 16. 1: one configuration per Pod (the most isolation).",
     )
     pod_seconds: int = Field(
         default=60, ge=5, le=3600,
-        description="The trial Pod duration that batch sizes aim at when trialsPerPod is unset.",
+        description="GPU seconds of verification and timing per trial Pod that batch sizes aim at when "
+        "trialsPerPod is unset.",
     )
 
 
