@@ -1,7 +1,7 @@
-"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory ...` (they print tables).
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline ...` (they print tables).
 
 What each measures, its targets and how to run it: docs/bench-space.md, bench-strategy.md,
-bench-warmstart.md, bench-load.md and memory.md.
+bench-warmstart.md, bench-load.md, memory.md and bench-timeline.md.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "warmstart": "fleettune_dev.bench.warmstart",
     "load": "fleettune_dev.bench.load",
     "memory": "fleettune_dev.bench.memory",
+    "timeline": "fleettune_dev.bench.timeline",
 }
 
 

@@ -96,6 +96,64 @@ def run_once(
     return RunTrace(best=best, invalid=invalid, suggest_ms=suggest_ms)
 
 
+def run_batched(
+    replay: Replay,
+    strategy: str,
+    seed: int,
+    budget: int,
+    batch: int,
+    gpus: int,
+    options: dict[str, Any] | None = None,
+) -> RunTrace:
+    """`run_once` with batched Pods (issue #16): ``gpus`` Pods of up to ``batch``
+    configurations outstanding, each suggested with every outstanding configuration
+    pending. The oldest Pod completes first and its results are observed in evaluation
+    order; then a new Pod is suggested. Evaluations count in the order they are observed."""
+    from collections import deque
+
+    from fleettune.optimize import Study
+
+    study = Study(replay.space, strategy=strategy, seed=seed, candidates=replay.rows, options=options)
+    lookup = study.candidates.lookup
+    budget = min(budget, len(replay.rows))
+    best = np.full(budget, np.inf)
+    current = math.inf
+    invalid = 0
+    n = 0
+    assigned = 0
+    suggest_ms: list[float] = []
+    outstanding: deque[list[dict[str, Any]]] = deque()
+
+    def fill() -> None:
+        nonlocal assigned
+        while len(outstanding) < gpus and assigned < budget:
+            pending = [c for pod in outstanding for c in pod]
+            t0 = time.perf_counter()
+            configs = study.suggest(min(batch, budget - assigned), pending)
+            suggest_ms.append(1000.0 * (time.perf_counter() - t0))
+            if not configs:
+                return
+            outstanding.append(configs)
+            assigned += len(configs)
+
+    fill()
+    while outstanding:
+        for config in outstanding.popleft():
+            c = int(lookup(np.asarray(replay.space.to_rows([config]), dtype=np.int32))[0])
+            t = replay.time_ms[c]
+            if math.isfinite(t):
+                study.observe(config, Outcome.OK, float(t), replay.times[c])
+                current = min(current, float(t))
+            else:
+                study.observe(config, FAILURE_OUTCOME.get(replay.failure[c] or "runtime", Outcome.RUNTIME_ERROR))
+                invalid += 1
+            best[n] = current
+            n += 1
+        fill()
+    best[n:] = current
+    return RunTrace(best=best, invalid=invalid, suggest_ms=suggest_ms)
+
+
 def summarise(replay: Replay, strategy: str, traces: list[RunTrace], budget: int) -> dict[str, Any]:
     frac = np.array([np.where(np.isfinite(t.best), replay.optimum / t.best, 0.0) for t in traces])
     marks = [c for c in CHECKPOINTS if c <= budget]
@@ -275,7 +333,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--summarise-only", action="store_true", help="only summarise the runs in --traces")
     p.add_argument("--latency", action="store_true", help="measure suggestion latency instead of quality")
     p.add_argument("--latency-candidates", type=int, default=1_000_000)
-    return p.parse_args(argv)
+    p.add_argument("--batch", type=int, default=1,
+                   help="configurations per Pod (issue #16); with --gpus, also runs sequential for comparison")
+    p.add_argument("--gpus", type=int, default=1, help="Pods outstanding at once (with --batch)")
+    args = p.parse_args(argv)
+    if args.batch < 1 or args.gpus < 1:
+        p.error("--batch and --gpus must be at least 1")
+    return args
 
 
 def parse_options(items: list[str], strategy: str) -> dict[str, Any]:
@@ -299,8 +363,41 @@ def parse_options(items: list[str], strategy: str) -> dict[str, Any]:
     return out
 
 
-def _trace_key(space: str, strategy: str, seed: int, budget: int, options: dict[str, Any]) -> str:
-    return json.dumps([space, strategy, seed, budget, options], sort_keys=True)
+def _trace_key(
+    space: str, strategy: str, seed: int, budget: int, options: dict[str, Any], batch: int = 1, gpus: int = 1
+) -> str:
+    # Sequential runs keep the key they always had, so existing trace files still resume.
+    extra = [] if batch == 1 and gpus == 1 else [{"batch": batch, "gpus": gpus}]
+    return json.dumps([space, strategy, seed, budget, options, *extra], sort_keys=True)
+
+
+BATCH_TARGET = 0.01  # issue #16: batched search quality within this of sequential at 100 evaluations
+
+
+def format_batch_comparison(batched: list[dict[str, Any]], sequential: list[dict[str, Any]], budget: int) -> str:
+    """Fraction of optimum, batched minus sequential, per space and checkpoint; the target line."""
+    seq = {r["space"]: r for r in sequential}
+    pairs = [(b, seq[b["space"]]) for b in batched if b["space"] in seq]
+    if not pairs:
+        return ""
+    marks = list(pairs[0][0]["fraction"])
+    at = "100" if "100" in marks else marks[-1]
+    head = ["space", *[f"Δ@{m}" for m in marks], f"sequential @{at}", f"batched @{at}"]
+    lines = [f"### {pairs[0][0]['strategy']} vs sequential (fraction of optimum, batched − sequential)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b, s in pairs:
+        cells = [b["space"], *[f"{b['fraction'][m] - s['fraction'][m]:+.3f}" for m in marks]]
+        cells += [f"{s['fraction'][at]:.3f}", f"{b['fraction'][at]:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    delta = float(np.mean([b["fraction"][at] - s["fraction"][at] for b, s in pairs]))
+    mean_d = [float(np.mean([b["fraction"][m] - s["fraction"][m] for b, s in pairs])) for m in marks]
+    lines.append("| **mean** | " + " | ".join(f"{v:+.3f}" for v in mean_d) + " | | |")
+    worst = min(pairs, key=lambda p: p[0]["fraction"][at] - p[1]["fraction"][at])
+    verdict = "met" if delta >= -BATCH_TARGET else "MISSED"
+    lines += ["", f"target (issue #16): mean fraction of optimum at {at} evaluations within {BATCH_TARGET} of "
+              f"sequential: {delta:+.3f} — {verdict} (worst space {worst[0]['space']}: "
+              f"{worst[0]['fraction'][at] - worst[1]['fraction'][at]:+.3f})"]
+    return "\n".join(lines)
 
 
 def _load_traces(path: Path | None) -> dict[str, RunTrace]:
@@ -339,32 +436,54 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     traces_path = Path(args.traces) if args.traces else None
     done = _load_traces(traces_path)
+    batched = args.batch > 1 or args.gpus > 1
+    # Batched runs are compared with sequential ones of the same seeds: both are run.
+    variants = [(args.batch, args.gpus), (1, 1)] if batched else [(1, 1)]
     # Seed-major order: a long run cut short (or resumed from --traces) has about the
     # same number of seeds on every space.
     if not args.summarise_only:
         for seed in seeds:
             for replay in replays:
-                key = _trace_key(replay.name, args.strategy, seed, args.budget, options)
-                if key in done:
-                    continue
-                done[key] = run_once(replay, args.strategy, seed, args.budget, options)
-                if traces_path is not None:
-                    _append_trace(traces_path, key, done[key])
-    results = []
-    for replay in replays:
-        traces = [
-            done[k]
-            for k in (_trace_key(replay.name, args.strategy, s, args.budget, options) for s in seeds)
-            if k in done
-        ]
-        if not traces:
-            continue
-        res = summarise(replay, args.strategy, traces, args.budget)
-        results.append(res)
-        if args.plots:
-            save_plot(res, Path(args.plots))
+                for batch, gpus in variants:
+                    key = _trace_key(replay.name, args.strategy, seed, args.budget, options, batch, gpus)
+                    if key in done:
+                        continue
+                    if (batch, gpus) == (1, 1):
+                        done[key] = run_once(replay, args.strategy, seed, args.budget, options)
+                    else:
+                        done[key] = run_batched(replay, args.strategy, seed, args.budget, batch, gpus, options)
+                    if traces_path is not None:
+                        _append_trace(traces_path, key, done[key])
+    by_variant: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for batch, gpus in variants:
+        label = args.strategy if (batch, gpus) == (1, 1) else f"{args.strategy}-{gpus}x{batch}"
+        results = by_variant.setdefault((batch, gpus), [])
+        for replay in replays:
+            traces = [
+                done[k]
+                for k in (
+                    _trace_key(replay.name, args.strategy, s, args.budget, options, batch, gpus) for s in seeds
+                )
+                if k in done
+            ]
+            if not traces:
+                continue
+            res = summarise(replay, label, traces, args.budget)
+            results.append(res)
+            if args.plots:
+                save_plot(res, Path(args.plots))
+    results = by_variant[variants[0]]
     print(format_table(results))
+    if batched:
+        print()
+        print(format_table(by_variant[(1, 1)]))
+        print()
+        print(format_batch_comparison(results, by_variant[(1, 1)], args.budget))
     if args.json_out:
         clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
-        Path(args.json_out).write_text(json.dumps({"results": clean}, indent=2))
+        doc: dict[str, Any] = {"results": clean}
+        if batched:
+            doc["batch"], doc["gpus"] = args.batch, args.gpus
+            doc["sequential"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in by_variant[(1, 1)]]
+        Path(args.json_out).write_text(json.dumps(doc, indent=2))
     return 0

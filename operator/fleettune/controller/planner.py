@@ -427,7 +427,8 @@ class Planner:
             k = budget.trials_per_pod
         else:
             measured = [r.run_s for r in mine if r.run_s is not None and r.is_observation]
-            k = batch_size(measured, float(budget.pod_seconds), AUTO_MAX_BATCH, left) if measured else 1
+            k = batch_size(measured, float(budget.pod_seconds), AUTO_MAX_BATCH, left,
+                           pods=budget.parallelism) if measured else 1
         sizes = [1] if default_first else []
         left -= len(sizes)
         # Spread what is left of the budget over the free slots rather than filling the first.

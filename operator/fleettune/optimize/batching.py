@@ -20,7 +20,19 @@ from collections.abc import Sequence
 __all__ = ["batch_size"]
 
 
-def batch_size(measured_seconds: Sequence[float], pod_seconds: float, max_batch: int, remaining: int) -> int:
+# Configurations of one pool chosen without each other's results, all Pods together:
+# beyond about 16 the search needs more evaluations to the same quality (batches of at most
+# 4 beat 16 on four GPUs in `fleettune bench timeline`, docs/bench-timeline.md).
+MAX_OUTSTANDING = 16
+# A batch is only as large as it takes for the Pod's start-up to cost at most this share of
+# its GPU work: past that, a longer batch saves little and delays the results the search
+# learns from (configurations of seconds each: dedispersion in docs/bench-timeline.md).
+STARTUP_SHARE = 0.2
+STARTUP_S = 2.0  # a Pod's start-up and CUDA start, median (Kubernetes' own SLO: p99 5 s)
+
+
+def batch_size(measured_seconds: Sequence[float], pod_seconds: float, max_batch: int, remaining: int,
+               *, pods: int = 1, startup_s: float = STARTUP_S) -> int:
     """The number of configurations the next Pod of one target should take.
 
     ``measured_seconds``: GPU seconds (verification + benchmark) of the target's
@@ -30,28 +42,39 @@ def batch_size(measured_seconds: Sequence[float], pod_seconds: float, max_batch:
     ``pod_seconds``: the GPU time a Pod should aim at (> 0).
     ``max_batch``: the most configurations one Pod may take (>= 1).
     ``remaining``: evaluations left in the budget.
+    ``pods``: Pods of the target that run at once (its parallelism): together they hold
+    at most MAX_OUTSTANDING configurations (never fewer than one each).
+    ``startup_s``: a Pod's start-up; a batch needs no more configurations than make it
+    at most STARTUP_SHARE of the Pod's GPU work.
 
-    Returns ``floor(pod_seconds / median(measured))`` clamped to ``[1, max_batch]`` and to
-    ``remaining``; 1 while nothing usable has been measured (the first Pod of a target
-    measures one configuration alone); 0 when ``remaining <= 0``. The median, not the
-    mean: one pathological configuration (a kernel 100x slower than its neighbours) must
-    not shrink every later Pod. Floor, not round: a Pod aims at most at ``pod_seconds``.
+    Returns ``floor(pod_seconds / median(measured))`` clamped to those limits, to
+    ``[1, max_batch]`` and to ``remaining``; 1 while nothing usable has been measured (the
+    first Pod of a target measures one configuration alone); 0 when ``remaining <= 0``. The
+    median, not the mean: one pathological configuration (a kernel 100x slower than its
+    neighbours) must not shrink every later Pod. Floor, not round: a Pod aims at most at
+    ``pod_seconds``.
 
     Raises ``ValueError`` for a non-positive or non-finite ``pod_seconds`` or a
-    ``max_batch`` below 1.
+    ``max_batch`` or ``pods`` below 1.
     """
     if not (math.isfinite(pod_seconds) and pod_seconds > 0):
         raise ValueError(f"pod_seconds must be a positive number, got {pod_seconds!r}")
     if max_batch < 1:
         raise ValueError(f"max_batch must be at least 1, got {max_batch!r}")
+    if pods < 1:
+        raise ValueError(f"pods must be at least 1, got {pods!r}")
     if remaining <= 0:
         return 0
     usable = [float(s) for s in measured_seconds if math.isfinite(s) and s > 0]
     if not usable:
         return 1
     per_config = statistics.median(usable)
-    # A ratio beyond max_batch would be clamped anyway; comparing first avoids an
-    # overflow to int of an absurd ratio (a measured time of 1e-300 s).
+    limit = min(max_batch, max(1, MAX_OUTSTANDING // pods))
+    # Ratios beyond the limit are clamped anyway; comparing first avoids an overflow to
+    # int of an absurd ratio (a measured time of 1e-300 s).
     ratio = pod_seconds / per_config
-    k = max_batch if ratio >= max_batch else math.floor(ratio)
-    return max(1, min(k, max_batch, remaining))
+    k = limit if ratio >= limit else math.floor(ratio)
+    enough = startup_s / (STARTUP_SHARE * per_config)
+    if enough < limit:
+        k = min(k, math.ceil(enough))
+    return max(1, min(k, limit, remaining))

@@ -16,9 +16,13 @@ def test_nothing_measured_takes_one_configuration() -> None:
     assert batch_size([0.0, math.nan, -1.0, math.inf], 60.0, 16, 100) == 1
 
 
-@pytest.mark.parametrize("per_config", [0.7, 3.0, 5.9, 7.5, 13.0, 59.0, 61.0, 600.0])
+# A start-up that always pays to amortise: the aim alone decides.
+SLOW_START = math.inf
+
+
+@pytest.mark.parametrize("per_config", [4.0, 5.9, 7.5, 13.0, 59.0, 61.0, 600.0])
 def test_aims_at_the_pod_duration(per_config: float) -> None:
-    k = batch_size([per_config], 60.0, 1000, 1000)
+    k = batch_size([per_config], 60.0, 1000, 1000, startup_s=SLOW_START)
     # The largest batch whose estimated GPU time stays within the aim (at least one).
     assert k >= 1
     assert k == 1 or k * per_config <= 60.0
@@ -28,7 +32,7 @@ def test_aims_at_the_pod_duration(per_config: float) -> None:
 def test_uses_the_median_of_what_was_measured() -> None:
     measured = [2.0, 2.5, 3.0, 400.0, 0.0]  # one pathological configuration, one failure
     median = statistics.median([2.0, 2.5, 3.0, 400.0])
-    assert batch_size(measured, 60.0, 100, 100) == math.floor(60.0 / median)
+    assert batch_size(measured, 30.0, 100, 100, startup_s=SLOW_START) == math.floor(30.0 / median)
     # Order does not matter.
     assert batch_size(list(reversed(measured)), 60.0, 100, 100) == batch_size(measured, 60.0, 100, 100)
 
@@ -59,3 +63,23 @@ def test_rejects_a_meaningless_aim(pod_seconds: float) -> None:
 def test_rejects_max_batch_below_one() -> None:
     with pytest.raises(ValueError, match="max_batch"):
         batch_size([1.0], 60.0, 0, 10)
+
+
+def test_pods_of_a_target_share_the_outstanding_configurations() -> None:
+    from fleettune.optimize.batching import MAX_OUTSTANDING
+
+    assert batch_size([0.01], 60.0, 16, 1000, pods=1) == MAX_OUTSTANDING
+    assert batch_size([0.01], 60.0, 16, 1000, pods=4) == MAX_OUTSTANDING // 4
+    assert batch_size([0.01], 60.0, 16, 1000, pods=64) == 1  # never fewer than one each
+    with pytest.raises(ValueError):
+        batch_size([0.01], 60.0, 16, 10, pods=0)
+
+
+def test_long_configurations_are_batched_only_to_amortise_the_start_up() -> None:
+    from fleettune.optimize.batching import STARTUP_SHARE
+
+    # 3 s of GPU work each: 20 would fill a minute, but 4 make a 2 s start-up ≤ 20 % of the Pod.
+    k = batch_size([3.0], 60.0, 16, 1000, startup_s=2.0)
+    assert k == math.ceil(2.0 / (STARTUP_SHARE * 3.0)) == 4
+    # Short configurations still fill the Pod: the start-up share is not what limits them.
+    assert batch_size([0.05], 60.0, 16, 1000, startup_s=2.0) == 16
