@@ -18,7 +18,6 @@ from fleettune_dev.bench.timeline import (
     FleetModel,
     KernelTunerCache,
     Run,
-    StartupModel,
     load_timed_space,
     main,
     plan_pod,
@@ -27,6 +26,7 @@ from fleettune_dev.bench.timeline import (
     run_metrics,
     simulate_fleet,
 )
+from fleettune_dev.sim.startup import PodStartup
 
 VALUES = {"bx": [16, 32, 64, 128, 256], "tile": [1, 2, 4, 8], "vec": [1, 2]}
 
@@ -69,26 +69,26 @@ def ticking(step: float):
     return lambda: step * next(counter)
 
 
-CONSTANT = StartupModel(1.5, 1.5)
+CONSTANT = PodStartup(1.5, 1.5)
 
 
 # -- the model ----------------------------------------------------------------------------
 
 
 def test_startup_model_matches_its_quantiles() -> None:
-    model = StartupModel(2.0, 5.0)
-    draws = np.array([model.draw(np.random.default_rng([7, i])) for i in range(20_000)])
+    model = PodStartup(2.0, 5.0)
+    draws = np.array([model.at(np.random.default_rng([7, i]).standard_normal()) for i in range(20_000)])
     assert np.median(draws) == pytest.approx(2.0, rel=0.03)
     assert np.quantile(draws, 0.99) == pytest.approx(5.0, rel=0.08)
     assert (draws > 0).all()
     rng = np.random.default_rng(3)
-    assert {CONSTANT.draw(rng) for _ in range(5)} == {1.5}
+    assert {CONSTANT.at(rng.standard_normal()) for _ in range(5)} == {1.5}
 
 
 @pytest.mark.parametrize(("p50", "p99"), [(0.0, 1.0), (-1.0, 1.0), (2.0, 1.0), (2.0, math.inf)])
 def test_startup_model_rejects_nonsense(p50: float, p99: float) -> None:
     with pytest.raises(ValueError):
-        StartupModel(p50, p99)
+        PodStartup(p50, p99)
 
 
 def test_costs_are_read_in_seconds(ts) -> None:
@@ -160,13 +160,13 @@ def test_one_pod_per_configuration_on_one_gpu_is_sequential(ts) -> None:
 
 
 def test_parallel_pods_overlap_and_never_repeat(ts) -> None:
-    run = simulate_fleet(ts, "pod", 3, 1, 24, FleetModel(StartupModel()), strategy="random", clock=ticking(0.0))
+    run = simulate_fleet(ts, "pod", 3, 1, 24, FleetModel(PodStartup()), strategy="random", clock=ticking(0.0))
     assert len(set(run.order.tolist())) == 24
     assert (np.diff(run.times) >= 0).all()
     edges = sorted([(s, 1) for s, _ in run.spans] + [(e, -1) for _, e in run.spans])
     busy = max(itertools.accumulate(d for _, d in edges))
     assert busy == 3  # three GPUs, all used, never more
-    sequential = simulate_fleet(ts, "pod", 1, 1, 24, FleetModel(StartupModel()), strategy="random",
+    sequential = simulate_fleet(ts, "pod", 1, 1, 24, FleetModel(PodStartup()), strategy="random",
                                 clock=ticking(0.0))
     assert run.end < sequential.end / 2
     # Same start-up draws (common random numbers) and the same work: the same GPU time.

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
+from fleettune_dev.sim.startup import PodStartup
 from fleettune_job.protocol import Outcome
 
 LEVELS = (0.95, 0.99)
@@ -63,40 +64,10 @@ WALL_RATIO_TARGET = {1: 1 / 2, 4: 1 / 6}
 
 
 @dataclass(frozen=True)
-class StartupModel:
-    """Pod start-up plus CUDA/interpreter start, one draw per Pod: log-normal with median
-    ``p50_s`` and 99th percentile ``p99_s`` (seconds).
-
-    One draw for both: what follows (compiles, GPU work) waits for the sum either way.
-    ``p99_s == p50_s`` gives a constant start-up.
-    """
-
-    p50_s: float = 2.0
-    p99_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if not (self.p50_s > 0 and math.isfinite(self.p50_s)):
-            raise ValueError(f"p50_s must be positive, got {self.p50_s!r}")
-        if not (self.p99_s >= self.p50_s and math.isfinite(self.p99_s)):
-            raise ValueError(f"p99_s must be at least p50_s, got {self.p99_s!r}")
-
-    @property
-    def mu(self) -> float:
-        return math.log(self.p50_s)
-
-    @property
-    def sigma(self) -> float:
-        return math.log(self.p99_s / self.p50_s) / Z99
-
-    def draw(self, rng: np.random.Generator) -> float:
-        return float(np.exp(self.mu + self.sigma * rng.standard_normal()))
-
-
-@dataclass(frozen=True)
 class FleetModel:
     """What the fleet modes assume besides the recording (docs/bench-timeline.md)."""
 
-    startup: StartupModel = field(default_factory=StartupModel)
+    startup: PodStartup = field(default_factory=PodStartup)
     cpus: int = 8  # CPU cores a batched Pod compiles on
     pod_seconds: float = 60.0  # GPU time a batched Pod aims at
     max_batch: int = 16
@@ -323,7 +294,7 @@ def simulate_fleet(
             exhausted = True
             return False
         idx = lookup(np.asarray(replay.space.to_rows(configs), dtype=np.int32))
-        startup = model.startup.draw(rng)
+        startup = model.startup.at(float(rng.standard_normal()))
         cpus = 1 if mode == "pod" else model.cpus
         end, work = plan_pod(op_free, startup, ts.compile_s[idx], gpu_s[idx], failed[idx], cpus)
         pod = PodRun(op_free, op_free + startup, end, idx, work)
@@ -924,7 +895,7 @@ def main(argv: list[str]) -> int:
             return 2
     gpus = _int_list(args.gpus) or [1, 4]
     options = parse_options(args.option, args.strategy)
-    model = FleetModel(StartupModel(args.startup_p50, args.startup_p99), args.cpus, args.pod_seconds,
+    model = FleetModel(PodStartup(args.startup_p50, args.startup_p99), args.cpus, args.pod_seconds,
                        args.max_batch, args.framework_on_gpu)
     stop_at = args.stop_at if args.stop_at > 0 else None
     seeds = range(args.first_seed, args.first_seed + args.seeds)

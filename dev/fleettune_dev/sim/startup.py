@@ -55,7 +55,12 @@ class PodStartup:
         """The start-up time below which a share ``q`` (0 < q < 1) of Pods start."""
         if not 0 < q < 1:
             raise ValueError("q must be in (0, 1)")
-        return math.exp(self.mu + self.sigma * statistics.NormalDist().inv_cdf(q))
+        return self.at(statistics.NormalDist().inv_cdf(q))
+
+    def at(self, z: float) -> float:
+        """The start-up ``z`` standard deviations from the median on the log scale: for a
+        caller with its own normal draws (`fleettune bench timeline`: numpy's)."""
+        return math.exp(self.mu + self.sigma * z)
 
     def sample(self, rng: random.Random) -> float:
         return rng.lognormvariate(self.mu, self.sigma)
