@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import yaml
 
+from fleettune.jobs import entries_of
+from fleettune.labels import TARGET_LABEL
 from fleettune_dev.cluster.fleet import KWOK_ANNOTATION
 from fleettune_job.protocol import (
     CONTAINER_NAME,
@@ -425,6 +427,7 @@ class JobLedger:
         self.uids: dict[str, set[str]] = {}
         self.created: dict[str, str] = {}  # uid -> creationTimestamp
         self.labels: dict[str, dict[str, str]] = {}  # uid -> labels
+        self.trials: dict[str, list[tuple[str, int]]] = {}  # uid -> (pool, index) of each trial it measures
         self.live = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -459,6 +462,9 @@ class JobLedger:
                         self.uids.setdefault(meta["name"], set()).add(meta["uid"])
                         self.created.setdefault(meta["uid"], meta["creationTimestamp"])
                         self.labels.setdefault(meta["uid"], meta.get("labels", {}))
+                        if meta["uid"] not in self.trials:
+                            target = meta.get("labels", {}).get(TARGET_LABEL, "")
+                            self.trials[meta["uid"]] = [(target, index) for index, _ in entries_of(job)]
                 self._stop.wait(self.poll_s)
         finally:
             api.close()

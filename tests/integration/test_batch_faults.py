@@ -137,5 +137,8 @@ def test_a_run_on_the_simulator_measures_in_batches_with_fewer_pods(cluster, nam
     pods = {r.job for r in records}
     assert len(pods) <= 1 + math.ceil((budget - 1) / 8) + 2, pods  # the default alone, then batches of 8
     assert all(r.run_s is not None for r in observed if r.outcome == Outcome.OK)  # GPU time per configuration
+    per_pod = Counter(r.job for r in records)
+    assert max(per_pod.values()) == 8 and min(per_pod.values()) >= 1, per_pod
     target = get_run(cluster, namespace, "batched")["status"]["targets"][0]
-    assert target["trialsPerPod"] == 8 and target["completed"] == budget
+    # The latest Jobs' size: the end of the budget may be spread thinner over the free Pods.
+    assert 1 <= target["trialsPerPod"] <= 8 and target["completed"] == budget
