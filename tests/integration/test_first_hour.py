@@ -249,11 +249,20 @@ def test_privileged_trials_and_other_images_are_the_operators_to_allow(cluster, 
     operator.stop()
     operator.env = {"FLEETTUNE_ALLOW_PRIVILEGED_TRIALS": "true", "FLEETTUNE_ALLOWED_IMAGES": "docker.io/library/alpine"}
     operator.start()
-    wait_for(lambda: jobs(cluster, namespace, "privileged") and jobs(cluster, namespace, "alpine"), 90,
-             "the allowed runs' Jobs")
-    priv = jobs(cluster, namespace, "privileged")[0]["spec"]["template"]["spec"]
+    # Each run's first Job is kept as soon as it is seen: a small run's Jobs are recorded and
+    # deleted within seconds, so reading them again later races the operator.
+    seen: dict[str, dict[str, Any]] = {}
+
+    def both_seen() -> bool:
+        for name in ("privileged", "alpine"):
+            if name not in seen and (found := jobs(cluster, namespace, name)):
+                seen[name] = found[0]
+        return len(seen) == 2
+
+    wait_for(both_seen, 90, "the allowed runs' Jobs")
+    priv = seen["privileged"]["spec"]["template"]["spec"]
     assert priv["containers"][0]["securityContext"] == {} and priv["securityContext"] == {}
-    alpine = jobs(cluster, namespace, "alpine")[0]["spec"]["template"]["spec"]
+    alpine = seen["alpine"]["spec"]["template"]["spec"]
     assert alpine["containers"][0]["image"] == "docker.io/library/alpine:latest"
     assert alpine["containers"][0]["securityContext"]["privileged"] is False
     for name in cases:
