@@ -11,7 +11,19 @@ import numpy as np
 import pytest
 
 from fleettune_dev.bench.strategy import load_replay, parse_options, run_once
-from fleettune_dev.bench.warmstart import drive, evals_to, format_reach, main, run_seed, study_for, summarise
+from fleettune_dev.bench.warmstart import (
+    drive,
+    evals_to,
+    family,
+    format_ordered_summary,
+    format_reach,
+    main,
+    ordered_pairs,
+    ordered_summary,
+    run_seed,
+    study_for,
+    summarise,
+)
 
 VALUES = {"bx": [16, 32, 64, 128, 256], "tile": [1, 2, 4, 8], "vec": [1, 2]}
 
@@ -156,3 +168,53 @@ def test_command_resumes_from_traces(caches, tmp_path: Path, capsys: pytest.Capt
     rows = doc["per_seed"]["src → tgt"]
     assert [r["seed"] for r in rows] == [0, 1, 2]
     assert "src → tgt" in first
+
+
+def test_ordered_pairs_are_every_pair_of_one_kernel(tmp_path: Path) -> None:
+    """Recordings pair by kernel family (the name before the first '-'), in both
+    directions; a file that is no Kernel Tuner cache is left out with a note."""
+    for name, tile in (("k-A", 4), ("k-B", 2), ("k-C", 1), ("other-A", 4)):
+        write_cache(tmp_path / f"{name}.json.gz", tile)
+    (tmp_path / "k-B_T4.json.gz").write_bytes(gzip.compress(json.dumps({"schema_version": "1.0.0"}).encode()))
+    pairs, skipped = ordered_pairs(tmp_path)
+    names = [(s.name.split(".")[0], t.name.split(".")[0]) for s, t in pairs]
+    assert names == [("k-A", "k-B"), ("k-A", "k-C"), ("k-B", "k-A"), ("k-B", "k-C"), ("k-C", "k-A"), ("k-C", "k-B")]
+    assert len(skipped) == 1 and skipped[0].startswith("k-B_T4.json.gz: ")
+    assert family("convolution_milo-A100") == "convolution_milo"
+
+
+def test_ordered_summary_names_the_worst_pair_and_each_family() -> None:
+    def res(pair: str, warm: float, cold: float) -> dict:
+        return {"pair": pair, "seeds": 3, **{f"{k}_{lvl}": v for lvl in (0.95, 0.99)
+                                             for k, v in (("warm", warm), ("cold", cold), ("ratio", warm / cold))}}
+
+    results = [res("a-X → a-Y", 2, 10), res("a-Y → a-X", 12, 10), res("b-X → b-Y", 1, 10)]
+    s = ordered_summary(results)
+    assert s["worst_ratio_0.95"] == pytest.approx(1.2) and s["worst_pair_0.95"] == "a-Y → a-X"
+    assert s["mean_ratio_0.95"] == pytest.approx((0.2 + 1.2 + 0.1) / 3)
+    assert s["over_0.95"] == ["a-Y → a-X"] and not s["meets_target"]
+    assert s["families"]["a"]["pairs"] == 2 and s["families"]["a"]["ratio_0.95"] == pytest.approx(0.7)
+    assert s["families"]["a"]["worst_ratio_0.95"] == pytest.approx(1.2)
+    text = format_ordered_summary(s)
+    assert "worst ratio 1.20 (a-Y → a-X)" in text and "pairs over 1.1: 1 (a-Y → a-X)" in text and "not met" in text
+    assert ordered_summary([res("a-X → a-Y", 2, 10)])["meets_target"]
+
+
+def test_command_over_all_ordered_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name, tile in (("k-A", 4), ("k-B", 2)):
+        write_cache(tmp_path / f"{name}.json.gz", tile)
+    out = tmp_path / "ws.json"
+    assert main(["--all-ordered-pairs", str(tmp_path), "--seeds", "2", "--budget", "12", "--source-budget", "12",
+                 "--strategy", "random", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| k-A → k-B | 2 |" in text and "| k-B → k-A | 2 |" in text
+    assert "| k | 2 | 2 |" in text and "issue 18 target" in text
+    doc = json.loads(out.read_text())
+    assert [r["pair"] for r in doc["results"]] == ["k-A → k-B", "k-B → k-A"]
+    assert doc["summary"]["pairs"] == 2 and set(doc["summary"]["families"]) == {"k"}
+    # The same seeds' rows as one pair run on its own: shared source and cold runs change nothing.
+    assert main(["--source", str(tmp_path / "k-B.json.gz"), "--target", str(tmp_path / "k-A.json.gz"), "--seeds", "2",
+                 "--budget", "12", "--source-budget", "12", "--strategy", "random", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["per_seed"]["k-B → k-A"] == doc["per_seed"]["k-B → k-A"]
+    with pytest.raises(SystemExit):
+        main(["--all-ordered-pairs", str(tmp_path), "--all-pairs", str(tmp_path)])

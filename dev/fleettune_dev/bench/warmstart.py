@@ -12,6 +12,10 @@ reaches a level counts as budget + 1 (reported as censored).
 A warm start can only lead to what the source measured: each seed also records the
 best fraction of the target's optimum among the source's measurements
 (``source_reach``), and the summary splits the seeds by whether that reaches 0.95.
+
+``--all-ordered-pairs DIR``: every ordered pair of recordings of the same kernel in DIR
+(issue 18: a warm start must never be clearly worse than a cold one), with a summary of
+the worst and the mean ratio over the pairs and per kernel family.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from fleettune_job.protocol import Outcome
 LEVELS = (0.95, 0.99)
 CHECKPOINTS = (5, 10, 20, 50, 100)  # fraction of optimum after N target evaluations
 TARGET_RATIO = 1 / 3  # warm needs at most this share of cold's evaluations to reach 0.95 (docs/bench-warmstart.md)
+# Issue 18: on no ordered pair may warm need more than this multiple of cold's evaluations
+# to reach 0.95 (and over the pairs the mean ratio stays within TARGET_RATIO).
+HARM_RATIO = 1.1
 # Same kernel, another GPU (source -> target), by recording name in data/spaces: --all-pairs.
 PAIRS = (
     ("convolution_milo-A100", "convolution_milo-A4000"),
@@ -102,14 +109,24 @@ def study_for(replay: Replay, strategy: str, seed: int, prior: list[Observation]
 
 def run_seed(
     source: Replay, target: Replay, strategy: str, seed: int, source_budget: int, budget: int,
-    options: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None, memo: dict[tuple[str, str, int], Drive] | None = None,
 ) -> dict[str, Any]:
-    src = drive(source, study_for(source, strategy, seed, None, options), source_budget)
+    """One seed of one pair. ``memo``: runs that do not depend on the pair (a source's own
+    run, a target's cold run), by recording name and seed, shared by the pairs of one
+    invocation (all arguments but the recordings must be the same across its calls)."""
+    memo = {} if memo is None else memo
+    skey = ("source", source.name, seed)
+    if skey not in memo:
+        memo[skey] = drive(source, study_for(source, strategy, seed, None, options), source_budget)
+    src = memo[skey]
     # The target study gets its own seed stream, so warm and cold differ only by the prior.
     tseed = seed + 100_003
     last = max(LEVELS)
     warm = drive(target, study_for(target, strategy, tseed, src.observations, options), budget, last)
-    cold = drive(target, study_for(target, strategy, tseed, None, options), budget, last)
+    ckey = ("cold", target.name, seed)
+    if ckey not in memo:
+        memo[ckey] = drive(target, study_for(target, strategy, tseed, None, options), budget, last)
+    cold = memo[ckey]
     # How good the source's own best is on the target: the value of copying it blindly.
     ok = [o for o in src.observations if o[1] == Outcome.OK]
     copied = math.nan
@@ -229,6 +246,83 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def ordered_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 18's figures over the pairs of ``--all-ordered-pairs``: per level the worst
+    and the mean warm/cold ratio and the pairs over `HARM_RATIO`; per kernel family the
+    mean evaluations, warm and cold, and the mean and worst ratio of its pairs."""
+    out: dict[str, Any] = {"pairs": len(results), "harm_ratio": HARM_RATIO, "target_ratio": TARGET_RATIO}
+    for level in LEVELS:
+        ratios = [r[f"ratio_{level}"] for r in results]
+        worst = max(range(len(results)), key=lambda i: ratios[i]) if results else None
+        out[f"worst_ratio_{level}"] = ratios[worst] if worst is not None else math.nan
+        out[f"worst_pair_{level}"] = results[worst]["pair"] if worst is not None else None
+        out[f"mean_ratio_{level}"] = float(np.mean(ratios)) if ratios else math.nan
+        out[f"over_{level}"] = [r["pair"] for r in results if r[f"ratio_{level}"] > HARM_RATIO]
+    out["meets_target"] = bool(results) and not out["over_0.95"] and out["mean_ratio_0.95"] <= TARGET_RATIO
+    families: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        families.setdefault(family(r["pair"].split(" → ")[0]), []).append(r)
+    out["families"] = {
+        name: {"pairs": len(rows), "seeds": min(r["seeds"] for r in rows),
+               **{f"{k}_{level}": float(np.mean([r[f"{k}_{level}"] for r in rows]))
+                  for level in LEVELS for k in ("warm", "cold", "ratio")},
+               "worst_ratio_0.95": max(r["ratio_0.95"] for r in rows)}
+        for name, rows in sorted(families.items())
+    }
+    return out
+
+
+def format_ordered_summary(summary: dict[str, Any]) -> str:
+    head = ["family", "pairs", "seeds", "warm →0.95", "cold →0.95", "mean ratio", "worst ratio",
+            "warm →0.99", "cold →0.99", "mean ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, f in summary["families"].items():
+        cells = [name, str(f["pairs"]), str(f["seeds"]), f"{f['warm_0.95']:.1f}", f"{f['cold_0.95']:.1f}",
+                 f"{f['ratio_0.95']:.2f}", f"{f['worst_ratio_0.95']:.2f}", f"{f['warm_0.99']:.1f}",
+                 f"{f['cold_0.99']:.1f}", f"{f['ratio_0.99']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for level in LEVELS:
+        over = summary[f"over_{level}"]
+        lines.append(
+            f"→{level}: worst ratio {summary[f'worst_ratio_{level}']:.2f} ({summary[f'worst_pair_{level}']}), "
+            f"mean ratio over {summary['pairs']} pairs {summary[f'mean_ratio_{level}']:.2f}, "
+            f"pairs over {HARM_RATIO}: {len(over)}" + (f" ({', '.join(over)})" if over else ""))
+    lines.append(f"issue 18 target (→0.95: no pair over {HARM_RATIO}, mean ratio ≤ {TARGET_RATIO:.2f}): "
+                 + ("met" if summary["meets_target"] else "not met"))
+    return "\n".join(lines)
+
+
+def family(name: str) -> str:
+    """A recording's kernel family: its name before the first '-' (``gemm-RTX_3090``: gemm)."""
+    return name.split("-", 1)[0]
+
+
+def ordered_pairs(
+    directory: Path, loaded: dict[Path, Replay] | None = None
+) -> tuple[list[tuple[Path, Path]], list[str]]:
+    """Every ordered (source, target) pair of Kernel Tuner caches in ``directory`` of the
+    same kernel family that record the same parameters, and a note for each file left
+    out (one that is no Kernel Tuner cache, such as a T4 results file). ``loaded``: filled
+    with the recordings read, so that they are read once."""
+    from fleettune.space.errors import SpaceError
+
+    groups: dict[tuple[str, tuple[str, ...]], list[Path]] = {}
+    skipped: list[str] = []
+    for path in sorted(directory.glob("*.json.gz")):
+        try:
+            replay = load_replay(path)
+        except (SpaceError, ValueError, KeyError) as exc:
+            skipped.append(f"{path.name}: {exc}")
+            continue
+        if loaded is not None:
+            loaded[path] = replay
+        params = tuple(p.name for p in replay.space.parameters)
+        groups.setdefault((family(_name(path)), params), []).append(path)
+    pairs = [(s, t) for paths in groups.values() for s in paths for t in paths if s != t]
+    return sorted(pairs, key=lambda st: (family(_name(st[0])), _name(st[0]), _name(st[1]))), skipped
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleettune bench warmstart", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,6 +330,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--target", help="Kernel Tuner cache of the GPU re-tuned with the source's results")
     p.add_argument("--all-pairs", metavar="DIR",
                    help="run the standard pairs (docs/bench-warmstart.md) from the recordings in DIR")
+    p.add_argument("--all-ordered-pairs", metavar="DIR",
+                   help="run every ordered pair of recordings of the same kernel in DIR, with a summary")
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--budget", type=int, default=100, help="target evaluations per run")
@@ -246,15 +342,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", dest="json_out", help="write per-seed rows and summaries here")
     p.add_argument("--traces", help="JSON-lines file of finished seeds: appended to, and resumed from")
     args = p.parse_args(argv)
-    if not args.all_pairs and not (args.source and args.target):
-        p.error("give --source and --target, or --all-pairs DIR")
+    if sum(map(bool, (args.all_pairs, args.all_ordered_pairs, args.source or args.target))) != 1 or (
+            (args.source or args.target) and not (args.source and args.target)):
+        p.error("give --source and --target, --all-pairs DIR or --all-ordered-pairs DIR")
     return args
 
 
-def _pairs(args: argparse.Namespace) -> list[tuple[Path, Path]]:
+def _pairs(args: argparse.Namespace, loaded: dict[Path, Replay]) -> list[tuple[Path, Path]]:
     if args.all_pairs:
         d = Path(args.all_pairs)
         return [(d / f"{s}.json.gz", d / f"{t}.json.gz") for s, t in PAIRS]
+    if args.all_ordered_pairs:
+        pairs, skipped = ordered_pairs(Path(args.all_ordered_pairs), loaded)
+        for note in skipped:
+            print(f"left out {note}", file=sys.stderr)
+        return pairs
     return [(Path(args.source), Path(args.target))]
 
 
@@ -286,39 +388,69 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     options = parse_options(args.option, args.strategy)
-    results, per_seed = [], {}
     traces = Path(args.traces) if args.traces else None
     done = _load_rows(traces)
-    for src_path, tgt_path in _pairs(args):
-        source, target = load_replay(src_path), load_replay(tgt_path)
+    replays: dict[Path, Replay] = {}
+    pairs: list[tuple[str, Replay, Replay]] = []
+    for src_path, tgt_path in _pairs(args, replays):
+        for path in (src_path, tgt_path):
+            if path not in replays:
+                replays[path] = load_replay(path)
+        source, target = replays[src_path], replays[tgt_path]
         if [p.name for p in source.space.parameters] != [p.name for p in target.space.parameters]:
             print(f"{src_path} and {tgt_path} do not record the same parameters", file=sys.stderr)
             return 2
-        pair = f"{_name(src_path)} → {_name(tgt_path)}"
-        rows = []
-        started = time.perf_counter()
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            key = _seed_key(pair, seed, args, options)
-            if key in done:
-                rows.append(done[key])
-                continue
-            rows.append(run_seed(source, target, args.strategy, seed, args.source_budget, args.budget, options))
+        pairs.append((f"{_name(src_path)} → {_name(tgt_path)}", source, target))
+    rows: dict[str, list[dict[str, Any]]] = {pair: [] for pair, _, _ in pairs}
+    seconds = dict.fromkeys(rows, 0.0)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    memo: dict[tuple[str, str, int], Drive] = {}
+    # All ordered pairs go seed by seed (a run cut short has the same seeds on every pair,
+    # and a seed's source and cold runs are shared by the pairs that need them, then
+    # freed); the other modes pair by pair, with each pair's line as soon as it is done.
+    ordered = bool(args.all_ordered_pairs)
+    order = ([(s, p) for s in seeds for p in pairs] if ordered else [(s, p) for p in pairs for s in seeds])
+    results: list[dict[str, Any]] = []
+    for n, (seed, (pair, source, target)) in enumerate(order):
+        if ordered and n and seed != order[n - 1][0]:
+            memo.clear()
+        key = _seed_key(pair, seed, args, options)
+        if key in done:
+            rows[pair].append(done[key])
+        else:
+            started = time.perf_counter()
+            rows[pair].append(run_seed(source, target, args.strategy, seed, args.source_budget, args.budget,
+                                       options, memo))
+            seconds[pair] += time.perf_counter() - started
             if traces is not None:
                 with traces.open("a") as fh:
-                    fh.write(json.dumps({"key": key, "row": rows[-1]}) + "\n")
-            print(f"  {pair} seed {seed}: " + " ".join(f"{k}={v}" for k, v in rows[-1].items() if k != "seed"),
+                    fh.write(json.dumps({"key": key, "row": rows[pair][-1]}) + "\n")
+            print(f"  {pair} seed {seed}: " + " ".join(f"{k}={v}" for k, v in rows[pair][-1].items() if k != "seed"),
                   file=sys.stderr, flush=True)
-        res = summarise(pair, rows, args.budget)
-        res["seconds"] = round(time.perf_counter() - started, 1)
-        results.append(res)
-        per_seed[pair] = rows
-        print(format_table([res]).splitlines()[-1], flush=True)
+        if not ordered and len(rows[pair]) == args.seeds:
+            results.append(_summary(pair, rows[pair], args.budget, seconds[pair]))
+            print(format_table([results[-1]]).splitlines()[-1], flush=True)
+    if ordered:
+        results = [_summary(pair, rows[pair], args.budget, seconds[pair]) for pair, _, _ in pairs]
     print(format_table(results))
     for line in filter(None, map(format_reach, results)):
         print(line)
+    summary = ordered_summary(results) if ordered else None
+    if summary is not None:
+        print()
+        print(format_ordered_summary(summary))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({
+        doc: dict[str, Any] = {
             "strategy": args.strategy, "source_budget": args.source_budget, "budget": args.budget,
-            "options": options, "results": results, "per_seed": per_seed,
-        }, indent=2))
+            "options": options, "results": results, "per_seed": rows,
+        }
+        if summary is not None:
+            doc["summary"] = summary
+        Path(args.json_out).write_text(json.dumps(doc, indent=2))
     return 0
+
+
+def _summary(pair: str, rows: list[dict[str, Any]], budget: int, seconds: float) -> dict[str, Any]:
+    res = summarise(pair, rows, budget)
+    res["seconds"] = round(seconds, 1)
+    return res

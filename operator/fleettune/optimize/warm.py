@@ -2,11 +2,18 @@
 results of another pool, driver or problem size).
 
 The best prior configurations are measured first, then probes of the other code paths
-the prior may have wrongly ruled out (`WarmStart.path_probes`); then this pool's log
-times are modelled as the prediction of a GP fitted to the prior alone, shifted by their
-mean offset, plus a residual GP fitted to this pool's data (the "residual" warm model).
-A prior that leaves the study ``patience`` evaluations without improvement is dropped
-(`WarmStart.misleads`).
+the prior may have wrongly ruled out (`WarmStart.path_probes`) with a few space-filling
+points among them; then this pool's log times are modelled as the prediction of a GP
+fitted to the prior alone, shifted by their mean offset, plus a residual GP fitted to
+this pool's data (the "residual" warm model).
+
+How much of the prior's shape the model uses is earned from this pool's own results
+(`PriorTrust`, issue 18): the prior's prediction is scaled by a weight in [0, 1] that
+follows the rank correlation between what the prior predicts at this pool's measured
+points and what this pool measured there; once the weight falls low, the study stops
+measuring the prior's picks and completes a cold study's space-filling design instead
+(`WarmStart.design`). A prior that leaves the study ``patience`` evaluations without
+improvement is dropped altogether (`WarmStart.misleads`).
 
 Why checked rather than trusted, and the measurements behind these choices: see
 docs/optimizer.md.
@@ -14,23 +21,89 @@ docs/optimizer.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .design import feature_weights, maximin
 from .gp import PREDICT_CHUNK, Posterior, fit_hyper
 from .problem import Candidates, History
+
+# Below this weight (`PriorTrust`), a warm study stops measuring the prior's best
+# configurations and probes and lets the model choose.
+SKIP_SEEDS_BELOW = 0.5
+# A distrusted prior's study completes a space-filling design of this many feasible
+# points of its own, as a cold one does (BayesOptions.initial's default).
+DESIGN = 10
+# After the prior's best, a warm study measures this many space-filling points: what the
+# prior rates best cannot show on its own whether the prior's ranking holds here.
+CONTRAST = 3
 
 
 def _none() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class PriorTrust:
+    """How much a warm study's model leans on the prior, earned from the study's own
+    results (issue 18: a prior from another GPU can be wrong, or the reverse of right).
+
+    `weight(prior, own)` takes, for this pool's observations in the order measured, the
+    prior's prediction (log time, or any monotone scale of it) and the measured log
+    times (+inf where the configuration failed here), and returns a weight in [0, 1]:
+    1 while fewer than ``min_points`` are measured (nothing to judge by yet); 0 when no
+    more than the fraction ``runs`` of them ran; 1 while fewer than ``min_points`` ran;
+    otherwise an optimistic bound on the Spearman rank correlation of the ones that ran,
+    ``rho`` plus ``slack`` standard errors (Fisher z, 1.03 / sqrt(n - 3)), divided by
+    ``agree`` and clipped. A prior that orders this pool's measurements the other way
+    loses its weight within a few points; one that agrees keeps it.
+
+    Optimistic, because the points a warm study measures first are the ones the prior
+    rates best: within so narrow a range of predictions even a prior that carries over
+    well (the recorded GEMM and convolution pairs) ranks them little better than by
+    chance, so a disagreement must be clear before it costs the prior its weight.
+    Deterministic, and cheap: one rank correlation of at most a few hundred points.
+    """
+
+    min_points: int = 5
+    agree: float = 0.3
+    slack: float = 1.0
+    runs: float = 0.25
+
+    def weight(self, prior: np.ndarray, own: np.ndarray) -> float:
+        prior, own = np.asarray(prior, dtype=np.float64), np.asarray(own, dtype=np.float64)
+        n = len(own)
+        if n < max(self.min_points, 4):
+            return 1.0
+        ran = np.isfinite(own)
+        if ran.mean() <= self.runs:
+            return 0.0  # most of what the prior pointed to fails here
+        # Failures stay out of the ranking: where a configuration fails says little about
+        # how fast it would be (the fastest often sit next to a resource limit).
+        prior, own = prior[ran], own[ran]
+        n = len(own)
+        if n < max(self.min_points, 4):
+            return 1.0
+        if np.ptp(prior) <= 0 or np.ptp(own) <= 0:
+            return 1.0  # ties everywhere: no ranking to disagree with
+        from scipy.stats import spearmanr  # as bayes._transform: scipy only where it is used
+
+        rho = float(spearmanr(prior, own)[0])
+        if not math.isfinite(rho):
+            return 1.0
+        z = math.atanh(min(max(rho, -0.999999), 0.999999)) + self.slack * 1.03 / math.sqrt(n - 3)
+        return float(min(1.0, max(0.0, math.tanh(z) / self.agree)))
+
+
 class WarmStart:
     """The prior-data part of a `BayesOpt`: the prior's own GP (fitted once: the prior
-    does not change), the first suggestions of a warm study, and when to drop the prior.
+    does not change), the first suggestions of a warm study, how much the model weighs
+    the prior (`weight`, by ``trust``), and when to drop it.
 
     ``features(idx, feas)``: model inputs of candidates ``idx`` as a tensor; ``fitting()``:
     the strategy's timer for model fits.
@@ -47,15 +120,18 @@ class WarmStart:
         patience: int,
         residual: bool,
         fit_iter: int,
+        trust: PriorTrust | None = PriorTrust(),
     ) -> None:
         self.candidates = candidates
         self._features = features
         self._fitting = fitting
         self.top, self.paths, self.patience = top, paths, patience
         self.residual_model, self.fit_iter = residual, fit_iter
+        self.trust = trust  # None: the prior keeps its full weight (the behaviour before issue 18)
         self._prior: tuple[int, Posterior, float, float] | None = None
         self._prior_cand: torch.Tensor | None = None
         self._paths: tuple[np.ndarray, np.ndarray] | None = None  # code-path keys, path of each candidate
+        self._weights: dict[tuple[int, int], float] = {}
 
     # -- the residual model -------------------------------------------------------------
 
@@ -84,6 +160,20 @@ class WarmStart:
         return self._prior[1], self._prior[2], self._prior[3]
 
     def mean_at_candidates(self, history: History, idx: np.ndarray | None = None) -> torch.Tensor:
+        """The prior's part of the residual model at candidates ``idx`` (all of them by
+        default): the prior GP's mean times `weight`."""
+        mean = self._prior_mean(history, idx)
+        w = self.weight(history)
+        return mean if w == 1.0 else mean * w
+
+    def mean_at_rows(self, history: History, rows: np.ndarray) -> np.ndarray:
+        """The prior's part of the residual model at the history's ``rows``: the prior
+        GP's mean times `weight`."""
+        mean = self._prior_mean_at_rows(history, rows)
+        w = self.weight(history)
+        return mean if w == 1.0 else mean * w
+
+    def _prior_mean(self, history: History, idx: np.ndarray | None = None) -> torch.Tensor:
         """The prior GP's mean at candidates ``idx`` (all of them by default; cached)."""
         gp, _, _ = self.model(history)
         if self._prior_cand is None:
@@ -93,14 +183,28 @@ class WarmStart:
             self._prior_cand = torch.cat(parts)
         return self._prior_cand if idx is None else self._prior_cand[torch.as_tensor(idx)]
 
-    def mean_at_rows(self, history: History, rows: np.ndarray) -> np.ndarray:
-        """The prior GP's mean at the history's ``rows``."""
+    def _prior_mean_at_rows(self, history: History, rows: np.ndarray) -> np.ndarray:
         gp, _, _ = self.model(history)
         return gp.predict(torch.as_tensor(history.x[rows]), fast=False)[0].numpy()
 
+    def weight(self, history: History) -> float:
+        """The prior's weight in the residual model for ``history`` (`PriorTrust`; 1
+        without a trust rule). A function of the history alone, so that a study rebuilt
+        from it weighs the prior the same."""
+        if self.trust is None or int((history.feasible & (history.task == 0)).sum()) < 2:
+            return 1.0  # no prior model to weigh (see `residual`)
+        key = (len(history), int((history.task == 0).sum()))  # a study's histories only grow
+        if key not in self._weights:
+            own, values = history.own_values()
+            if len(own) < self.trust.min_points:
+                return 1.0
+            prior = self._prior_mean_at_rows(history, own)
+            self._weights[key] = self.trust.weight(prior, np.log(values))
+        return self._weights[key]
+
     def residual_targets(self, history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """This pool's feasible points: their log times on the prior's scale minus the
-        prior GP's prediction, centred (the mean offset is returned separately)."""
+        prior's (weighted) prediction, centred (the mean offset is returned separately)."""
         _, mu, sd = self.model(history)
         ok = np.flatnonzero(history.feasible & (history.task == 1))
         z = (np.log(history.value[ok]) - mu) / sd
@@ -130,28 +234,76 @@ class WarmStart:
     # -- the first suggestions of a warm study ------------------------------------------
 
     def seeds(self, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
-        """While this study has measured fewer than ``top`` points plus the probes of other
-        code paths: the ``top`` best prior configurations, then the probes (`path_probes`).
+        """While this study has measured fewer than ``top`` points, the contrast and the
+        probes of other code paths: the ``top`` best prior configurations, the first code
+        path's two probes (`path_probes`), `CONTRAST` space-filling points, the other
+        probes. Once the prior has lost its weight (`PriorTrust`): the rest of a cold
+        study's design instead (`design`).
 
         A driver update rarely reshuffles the top of a landscape, and measuring it here
         is how the prior gets checked rather than trusted. The probes come second: put
-        first, they delay the warm starts whose prior's top is already right here."""
+        first, they delay the warm starts whose prior's top is already right here. The
+        contrast points give the rank correlation something the prior does not rate best
+        to compare with: among the prior's favourites alone, a prior that points the
+        wrong way looks no different from one that is right."""
+        if self.weight(history) < SKIP_SEEDS_BELOW:
+            return self.design(history, pending, available)
         n_current = int((history.task == 1).sum()) + len(pending)
-        if n_current >= self.top + 2 * self.paths:
+        contrast = CONTRAST if self.trust is not None else 0
+        if n_current >= self.top + contrast + 2 * self.paths:
             return _none()
         prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
         order = history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
         if len(order) == 0:
             return _none()
         probes = self.path_probes(history, int(order[0]))
-        budget = self.top + len(probes) - n_current
+        budget = self.top + contrast + len(probes) - n_current
         out: list[int] = []
-        for c in np.concatenate([order[: self.top], probes, order[self.top :]]):
-            if len(out) >= budget:
-                break
-            if available[c] and c not in pending and c not in out:
-                out.append(int(c))
+
+        def walk(picks: np.ndarray, limit: int) -> None:
+            for c in picks:
+                if len(out) >= limit:
+                    break
+                if available[c] and c not in pending and c not in out:
+                    out.append(int(c))
+
+        first = min(2, len(probes))  # the first code path's probes, then the contrast
+        walk(order[: self.top], budget)
+        walk(probes[:first], budget)
+        left = contrast - max(0, n_current - self.top - first)
+        if left > 0 and len(out) < budget:
+            free = available.copy()
+            free[np.asarray(out, dtype=np.int64)] = False
+            taken = np.concatenate([np.asarray(pending, dtype=np.int64), np.asarray(out, dtype=np.int64)])
+            out.extend(int(c) for c in self._maximin(history, taken, free, min(left, budget - len(out))))
+        walk(np.concatenate([probes, order[self.top :]]), budget)
         return np.array(out, dtype=np.int64)
+
+    def design(self, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
+        """Once the prior has lost its weight: the rest of a cold study's space-filling
+        design (`DESIGN` feasible points of this study's own, at most twice as many
+        evaluations), maximin from what this study has measured and has pending.
+
+        The prior's picks measured so far sit where the prior was wrong; without points
+        spread over the space the model would extrapolate from that corner alone, and
+        the rank correlation of the prior would be judged on it too."""
+        own = history.task == 1
+        left = DESIGN - int((history.feasible & own).sum()) - len(pending)
+        if left <= 0 or int(own.sum()) + len(pending) >= 2 * DESIGN:
+            return _none()
+        return self._maximin(history, pending, available, left)
+
+    def _maximin(self, history: History, pending: np.ndarray, available: np.ndarray, n: int) -> np.ndarray:
+        """``n`` space-filling picks away from this study's measured and pending points."""
+        own = history.task == 1
+        pending = np.asarray(pending, dtype=np.int64)
+        chosen = history.x[own]
+        if len(pending):
+            chosen = np.vstack([chosen, self.candidates.x[pending]])
+        # Deterministic in the history (a rebuilt study picks the same), varied by it.
+        rng = np.random.default_rng([len(history), len(pending), int(history.cand[own].sum()) % 2**32, 0xD5])
+        weights = feature_weights(self.candidates.n_features, self.candidates.feature_groups)
+        return maximin(self.candidates.x, available, chosen, n, rng, weights)
 
     def path_probes(self, history: History, best: int) -> np.ndarray:
         """Two probes in each of the ``paths`` code paths (`features.switches`) other
@@ -167,7 +319,7 @@ class WarmStart:
         if k <= 0 or not cols:
             return _none()
         keys, path = self._code_paths(cols)
-        mean = self.mean_at_candidates(history).numpy().copy()
+        mean = self._prior_mean(history).numpy().copy()
         mean[history.cand[(history.task == 0) & ~history.feasible & (history.cand >= 0)]] = np.inf
         order = np.argsort(mean, kind="stable")
         _, first = np.unique(path[order], return_index=True)

@@ -1,0 +1,164 @@
+"""A warm start's prior earns its influence from the pool's own results (issue 18):
+`PriorTrust` on its own, and in a study whose prior is the reverse of its landscape or
+matches it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from conftest import hidden_infeasible, objective, run
+from fleettune.optimize import Study
+from fleettune.optimize.warm import CONTRAST, DESIGN, SKIP_SEEDS_BELOW, PriorTrust
+from fleettune_job.protocol import Outcome
+
+FAST = {"fit_iter": 30}
+
+
+def test_weight_needs_a_few_points_first() -> None:
+    trust = PriorTrust(min_points=5)
+    reversed_ = np.arange(4.0)
+    assert trust.weight(reversed_, -reversed_) == 1.0  # 4 points: nothing to judge by yet
+    assert trust.weight(np.arange(5.0), -np.arange(5.0)) == 0.0
+    assert trust.weight(np.ones(8), np.arange(8.0)) == 1.0  # the prior ranks nothing
+
+
+def test_weight_follows_the_rank_correlation() -> None:
+    rng = np.random.default_rng(0)
+    trust = PriorTrust()
+    x = rng.normal(size=12)
+    assert trust.weight(x, np.exp(x)) == 1.0  # same order on another scale
+    assert trust.weight(x, -x) == 0.0
+    # A weak disagreement (rho = -0.2) is not clear from 6 points, and is from 60.
+    x6, y6 = np.arange(6.0), np.array([1.0, 3.0, 4.0, 5.0, 2.0, 0.0])
+    assert trust.weight(x6, y6) > 0.5
+    assert trust.weight(np.tile(x6, 10) + np.repeat(np.arange(10.0) * 1e-3, 6), np.tile(y6, 10)) == 0.0
+
+
+def test_failures_stay_out_of_the_ranking_unless_most_fail() -> None:
+    trust = PriorTrust()
+    x = np.arange(8.0)
+    agreeing = np.where(x < 6, x, np.inf)  # the two the prior rates slowest failed here
+    assert trust.weight(x, agreeing) == 1.0
+    assert trust.weight(-x, np.where(x < 6, x, np.inf)) == 0.0  # the six that ran: reversed
+    assert trust.weight(x, np.full(8, np.inf)) == 0.0
+    assert trust.weight(x, np.where(x < 2, x, np.inf)) == 0.0  # 2 of 8 ran: at most PriorTrust.runs
+    assert trust.weight(x, np.where(x < 3, x, np.inf)) == 1.0  # 3 of 8: too few to rank
+
+
+def _configs(space) -> list[dict]:
+    return [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+
+
+def _prior(space, value, n: int = 60, seed: int = 3) -> list:
+    configs = _configs(space)
+    rng = np.random.default_rng(seed)
+    return [(configs[i], Outcome.OK, value(configs[i])) for i in rng.choice(len(configs), n, replace=False)]
+
+
+def _fed(space, prior: list, n: int) -> Study:
+    study = Study(space, seed=4, prior=prior, options=FAST)
+    run(study, n)
+    return study
+
+
+def test_a_reversed_prior_loses_its_influence_within_a_few_points(space) -> None:
+    """The prior's landscape is the reverse of this pool's: once the prior's best three,
+    two probes and two space-filling points are measured, the prior has no weight left,
+    the study completes a cold study's space-filling design instead of measuring the
+    prior's other picks, and the model ranks the candidates as if the prior's shape were
+    not there."""
+    study = _fed(space, _prior(space, lambda c: 10.0 / objective(c)), 7)
+    warm = study.strategy.warm
+    assert warm.residual(study.history)
+    assert warm.weight(study.history) == 0.0
+    none = np.zeros(0, dtype=np.int64)
+    picks = warm.seeds(study.history, none, ~study._observed)
+    assert len(picks) == DESIGN - int((study.history.feasible & (study.history.task == 1)).sum())
+    assert np.array_equal(picks, warm.design(study.history, none, ~study._observed))
+    assert float(warm.mean_at_candidates(study.history).abs().max()) == 0.0
+    # Trusted, the same history would have the study measure the prior's picks.
+    warm.trust = None
+    assert not np.array_equal(warm.seeds(study.history, none, ~study._observed), picks)
+
+
+def test_a_warm_study_measures_the_prior_best_probes_and_contrast_first(space) -> None:
+    """The order of a warm study's first suggestions: the prior's three best, the first
+    code path's two probes, `CONTRAST` space-filling points, then the other probes."""
+    prior = _prior(space, lambda c: 1.7 * objective(c))
+    study = _fed(space, prior, 3 + 2 + CONTRAST)
+    own = [space.to_configs(study._rows[i].reshape(1, -1))[0] for i in range(study.n_prior, len(study.history))]
+    top = sorted((p for p in prior if p[2] is not None), key=lambda p: p[2])[:3]
+    assert own[:3] == [c for c, _, _ in top]
+    warm = study.strategy.warm
+    probes = warm.path_probes(study.history, int(study.history.cand[np.argmin(study.history.value[:study.n_prior])]))
+    cand = study.history.cand[study.n_prior:]
+    assert list(cand[3:5]) == list(probes[:2])
+    assert not set(cand[5:]) & set(probes) and len(set(cand)) == len(cand)
+
+
+def test_a_matching_prior_keeps_its_influence(space) -> None:
+    """A sibling pool 1.7 times slower everywhere: its weight stays whole, and its prior
+    part of the model is the prior GP's mean unscaled."""
+    study = _fed(space, _prior(space, lambda c: 1.7 * objective(c)), 12)
+    warm = study.strategy.warm
+    assert warm.weight(study.history) == 1.0
+    assert np.array_equal(warm.mean_at_candidates(study.history).numpy(), warm._prior_mean(study.history).numpy())
+
+
+def test_the_weight_comes_back_when_the_pool_agrees_again(space) -> None:
+    """The weight is a function of the history: measurements that agree with the prior
+    restore what early disagreeing ones took."""
+    prior = _prior(space, lambda c: 1.7 * objective(c))
+    study = Study(space, seed=4, prior=prior, options=FAST)
+    configs = _configs(space)
+    rng = np.random.default_rng(5)
+    picks = [configs[i] for i in rng.choice(len(configs), 30, replace=False)]
+    ranked = sorted(picks[:6], key=objective)
+    slowest_first = [ranked[-1 - i] for i in range(6)]
+    # Disagreeing: what the prior ranks best measured slowest (times handed out reversed).
+    for c, t in zip(slowest_first, sorted(objective(c) for c in ranked), strict=True):
+        study.observe(c, Outcome.OK, t)
+    assert study.strategy.warm.weight(study.history) < SKIP_SEEDS_BELOW
+    for c in picks[6:]:
+        study.observe(c, Outcome.OK, objective(c))
+    assert study.strategy.warm.weight(study.history) == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_reversed_prior_costs_little_against_a_cold_start(space, optimum, seed) -> None:
+    """With the trust rule, a warm start from a reversed landscape gets as close to the
+    optimum in 20 evaluations as a cold start, give or take; without it (the prior
+    trusted until ``prior_patience`` runs out) it stays further away."""
+    prior = _prior(space, lambda c: 10.0 / objective(c), seed=seed)
+
+    def best(trust: bool, with_prior: bool = True) -> float:
+        study = Study(space, seed=seed, prior=prior if with_prior else (), options=FAST)
+        if not trust:
+            study.strategy.warm.trust = None
+        trace, _ = run(study, 20)
+        return optimum / float(trace[-1])
+
+    cold, warm = best(True, with_prior=False), best(True)
+    assert warm >= cold - 0.05, (warm, cold)
+    assert warm > best(False), warm
+
+
+def test_the_weight_is_cheap_and_the_same_for_a_rebuilt_study(space) -> None:
+    prior = _prior(space, lambda c: 10.0 / objective(c))
+    study = _fed(space, prior, 9)
+    again = Study(space, seed=4, prior=prior, options=FAST)
+    for i in range(study.n_prior, len(study.history)):
+        config = space.to_configs(study._rows[i].reshape(1, -1))[0]
+        value = study.history.value[i]
+        again.observe(config, study.history.outcome[i], None if math.isnan(value) else value)
+    assert again.strategy.warm.weight(again.history) == study.strategy.warm.weight(study.history)
+    assert again.suggest(2) == study.suggest(2)
+
+
+def test_a_cold_study_has_no_weight_to_lose(space) -> None:
+    study = Study(space, seed=4, options=FAST)
+    run(study, 6)
+    assert study.strategy.warm.weight(study.history) == 1.0
