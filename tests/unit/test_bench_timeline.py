@@ -298,11 +298,23 @@ def test_strategy_bench_keeps_batches_outstanding(ts, monkeypatch) -> None:
         return original(self, n, pending)
 
     monkeypatch.setattr(Study, "suggest", spy)
-    trace = run_batched(ts.replay, "random", 0, 30, 4, 3)
+    trace = run_batched(ts.replay, "random", 0, 30, 4, 3, ramp=False)
     # Three Pods of four outstanding, then one new Pod per finished one, the last short.
     assert calls[:4] == [(4, 0), (4, 4), (4, 8), (4, 8)]
     assert sum(n for n, _ in calls) == 30 and calls[-1][0] == 30 % 4
     assert (np.diff(trace.best) <= 0).all() and np.isfinite(trace.best[-1])
+
+    # As the operator's Pods: one configuration each while nothing is measured, then
+    # never more outstanding than measured, up to the full batch.
+    calls.clear()
+    trace = run_batched(ts.replay, "random", 0, 30, 4, 3)
+    assert calls[:3] == [(1, 0), (1, 1), (1, 2)]
+    observed = 0
+    for (n, pending), (prev_n, _) in zip(calls[3:], calls[:-3], strict=False):
+        observed += prev_n  # the oldest Pod, observed before each new suggestion
+        assert n <= max(1, observed - pending), (n, observed, pending)
+    assert max(n for n, _ in calls) == 4 and sum(n for n, _ in calls) == 30
+    assert (np.diff(trace.best) <= 0).all()
 
 
 def test_strategy_bench_prints_the_batch_comparison(ts, capsys) -> None:

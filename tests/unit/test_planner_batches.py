@@ -40,8 +40,14 @@ def run(f: FakeFleet, steps: int = 60, **finish: Any) -> list[list[int]]:
 def test_fixed_batches_spend_the_budget_exactly_after_the_default_alone() -> None:
     f = fleet(trialsPerTarget=20, parallelism=2, trialsPerPod=4)
     sizes = run(f)
-    assert sizes[0] == [1, 4]  # the baseline alone, a batch beside it
+    # The baseline alone, and one more beside it: nothing is measured yet. Then the Pods
+    # ramp up with the results (`slow_start`) to the size asked for.
+    assert sizes[0] == [1, 1]
     assert max(max(s, default=0) for s in sizes) == 4
+    observed = 0
+    for step in sizes:
+        assert all(k <= max(1, observed) for k in step), (step, observed)
+        observed += sum(step)
     records = f.records_of()
     assert records[0].config == DEFAULT
     assert sum(r.is_observation for r in records) == 20
@@ -67,13 +73,15 @@ def test_one_trial_per_pod_keeps_todays_jobs() -> None:
 
 
 def test_a_pod_killed_mid_batch_keeps_its_answers_and_records_nothing_invalid() -> None:
-    f = fleet(trialsPerTarget=10, parallelism=1, trialsPerPod=5, maxInfraFailures=3)
-    f.step()
-    f.finish()  # the default, alone
-    f.advance(5)
-    f.step()
-    (job,) = f.running()
-    batch = entries_of(job)
+    f = fleet(trialsPerTarget=20, parallelism=1, trialsPerPod=5, maxInfraFailures=3)
+    for _ in range(10):  # the default alone, then Pods ramping up to five configurations
+        f.step()
+        (job,) = f.running()
+        if len(batch := entries_of(job)) == 5:
+            break
+        f.finish()
+        f.advance(5)
+    assert len(batch) == 5
     f.finish(answered=2)  # evicted after two answers
     f.advance(5)
     f.step()
@@ -84,5 +92,5 @@ def test_a_pod_killed_mid_batch_keeps_its_answers_and_records_nothing_invalid() 
     # One Pod lost is one infrastructure failure, not three: the pool keeps tuning.
     assert f.target()["phase"] == "Running"
     sizes = run(f)
-    assert sum(r.is_observation for r in f.records_of()) == 10
+    assert sum(r.is_observation for r in f.records_of()) == 20
     assert sizes  # and it finished

@@ -104,14 +104,18 @@ def run_batched(
     batch: int,
     gpus: int,
     options: dict[str, Any] | None = None,
+    ramp: bool = True,
 ) -> RunTrace:
     """`run_once` with batched Pods (issue #16): ``gpus`` Pods of up to ``batch``
     configurations outstanding, each suggested with every outstanding configuration
     pending. The oldest Pod completes first and its results are observed in evaluation
-    order; then a new Pod is suggested. Evaluations count in the order they are observed."""
+    order; then a new Pod is suggested. Evaluations count in the order they are observed.
+    ``ramp``: Pods ramp up to ``batch`` as results arrive, as the operator's do
+    (`slow_start`); False: every Pod takes ``batch`` from the start."""
     from collections import deque
 
     from fleettune.optimize import Study
+    from fleettune.optimize.batching import slow_start
 
     study = Study(replay.space, strategy=strategy, seed=seed, candidates=replay.rows, options=options)
     lookup = study.candidates.lookup
@@ -128,8 +132,9 @@ def run_batched(
         nonlocal assigned
         while len(outstanding) < gpus and assigned < budget:
             pending = [c for pod in outstanding for c in pod]
+            k = slow_start(batch, n, len(pending)) if ramp else batch
             t0 = time.perf_counter()
-            configs = study.suggest(min(batch, budget - assigned), pending)
+            configs = study.suggest(min(k, budget - assigned), pending)
             suggest_ms.append(1000.0 * (time.perf_counter() - t0))
             if not configs:
                 return
@@ -336,6 +341,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1,
                    help="configurations per Pod (issue #16); with --gpus, also runs sequential for comparison")
     p.add_argument("--gpus", type=int, default=1, help="Pods outstanding at once (with --batch)")
+    p.add_argument("--no-ramp", dest="ramp", action="store_false",
+                   help="with --batch: every Pod takes --batch from the start, rather than ramping up as results "
+                        "arrive as the operator does (slow_start)")
     args = p.parse_args(argv)
     if args.batch < 1 or args.gpus < 1:
         p.error("--batch and --gpus must be at least 1")
@@ -364,10 +372,14 @@ def parse_options(items: list[str], strategy: str) -> dict[str, Any]:
 
 
 def _trace_key(
-    space: str, strategy: str, seed: int, budget: int, options: dict[str, Any], batch: int = 1, gpus: int = 1
+    space: str, strategy: str, seed: int, budget: int, options: dict[str, Any], batch: int = 1, gpus: int = 1,
+    ramp: bool = True,
 ) -> str:
-    # Sequential runs keep the key they always had, so existing trace files still resume.
-    extra = [] if batch == 1 and gpus == 1 else [{"batch": batch, "gpus": gpus}]
+    # Sequential runs keep the key they always had, so existing trace files still resume;
+    # batched runs without the ramp keep theirs too (they were all without it).
+    extra: list[dict[str, Any]] = []
+    if batch > 1 or gpus > 1:
+        extra = [{"batch": batch, "gpus": gpus, **({"ramp": True} if ramp else {})}]
     return json.dumps([space, strategy, seed, budget, options, *extra], sort_keys=True)
 
 
@@ -445,24 +457,28 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
         for seed in seeds:
             for replay in replays:
                 for batch, gpus in variants:
-                    key = _trace_key(replay.name, args.strategy, seed, args.budget, options, batch, gpus)
+                    key = _trace_key(replay.name, args.strategy, seed, args.budget, options, batch, gpus,
+                                     args.ramp)
                     if key in done:
                         continue
                     if (batch, gpus) == (1, 1):
                         done[key] = run_once(replay, args.strategy, seed, args.budget, options)
                     else:
-                        done[key] = run_batched(replay, args.strategy, seed, args.budget, batch, gpus, options)
+                        done[key] = run_batched(replay, args.strategy, seed, args.budget, batch, gpus, options,
+                                                ramp=args.ramp)
                     if traces_path is not None:
                         _append_trace(traces_path, key, done[key])
     by_variant: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for batch, gpus in variants:
         label = args.strategy if (batch, gpus) == (1, 1) else f"{args.strategy}-{gpus}x{batch}"
+        label += "" if args.ramp or (batch, gpus) == (1, 1) else "-noramp"
         results = by_variant.setdefault((batch, gpus), [])
         for replay in replays:
             traces = [
                 done[k]
                 for k in (
-                    _trace_key(replay.name, args.strategy, s, args.budget, options, batch, gpus) for s in seeds
+                    _trace_key(replay.name, args.strategy, s, args.budget, options, batch, gpus, args.ramp)
+                    for s in seeds
                 )
                 if k in done
             ]
@@ -483,7 +499,7 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
         clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
         doc: dict[str, Any] = {"results": clean}
         if batched:
-            doc["batch"], doc["gpus"] = args.batch, args.gpus
+            doc["batch"], doc["gpus"], doc["ramp"] = args.batch, args.gpus, args.ramp
             doc["sequential"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in by_variant[(1, 1)]]
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     return 0

@@ -40,7 +40,7 @@ from fleettune.jobs import entries_of, render_job
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
-from fleettune.optimize.batching import batch_size
+from fleettune.optimize.batching import batch_size, slow_start
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
 from fleettune.results import TrialRecord
 from fleettune.sizes import pool_key
@@ -372,7 +372,7 @@ class Planner:
         pending = [config for _, config in in_flight]
         keys = {r.key for r in mine if r.is_observation} | {pool.space.key(c) for c in pending}
         default_first = pool.default_config is not None and pool.default_key not in keys
-        sizes = self._batch_sizes(pool, mine, slots, left, default_first)
+        aim, sizes = self._batch_sizes(pool, mine, slots, left, default_first, observations, len(in_flight))
         configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
         if sum(sizes) > len(configs):
             started = time.perf_counter()
@@ -415,12 +415,14 @@ class Planner:
                 body["spec"]["activeDeadlineSeconds"] += int(self.node_wait_s)
             plan.create.append(body)
             running.append(body)
-        pool.trials_per_pod = max(sizes)
+        pool.trials_per_pod = aim
 
     def _batch_sizes(self, pool: Pool, mine: Sequence[TrialRecord], slots: int, left: int,
-                     default_first: bool) -> list[int]:
-        """Trials per new Pod, one size per free slot, `left` at most in all. The default
-        configuration runs alone first: it is the baseline, and its time sizes the batches."""
+                     default_first: bool, observed: int, outstanding: int) -> tuple[int, list[int]]:
+        """The size the pool's Pods aim at, and the trials per new Pod, one size per free
+        slot, `left` at most in all. The default configuration runs alone first: it is the
+        baseline, and its time sizes the batches. No Pod takes more than the target's
+        results leave room for (`slow_start`)."""
         assert self.spec is not None
         budget = self.spec.budget
         if budget.trials_per_pod is not None:
@@ -432,8 +434,9 @@ class Planner:
         sizes = [1] if default_first else []
         left -= len(sizes)
         # Spread what is left of the budget over the free slots rather than filling the first.
+        aim = k
         k = max(1, min(k, -(-left // max(slots - len(sizes), 1))))
         while len(sizes) < slots and left > 0:
-            sizes.append(min(k, left))
+            sizes.append(min(slow_start(k, observed, outstanding + sum(sizes)), left))
             left -= sizes[-1]
-        return sizes
+        return aim, sizes

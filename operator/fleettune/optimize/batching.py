@@ -17,7 +17,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["batch_size"]
+__all__ = ["batch_size", "slow_start"]
 
 
 # Configurations of one pool chosen without each other's results, all Pods together:
@@ -78,3 +78,18 @@ def batch_size(measured_seconds: Sequence[float], pod_seconds: float, max_batch:
     if enough < limit:
         k = min(k, math.ceil(enough))
     return max(1, min(k, limit, remaining))
+
+
+def slow_start(k: int, observed: int, outstanding: int) -> int:
+    """``k`` capped so that a target's outstanding configurations (``outstanding``, the
+    ones already in its Pods, plus this Pod's) never outnumber its results (``observed``);
+    never below 1, so that every free GPU gets work.
+
+    A Pod's configurations are all chosen before any of them is measured, and a study
+    suggests well only from results: with nothing measured, a batch is a space-filling
+    design, and on four GPUs with 16 per Pod the first 64 configurations would be chosen
+    blind. Ramping up as results arrive (1, 1, 2, 4, 8, ... per Pod, as TCP's slow start)
+    costs a few short Pods at the start of a target and keeps batched search close to
+    sequential search per evaluation (docs/bench-timeline.md, issue #16).
+    """
+    return max(1, min(k, observed - outstanding))

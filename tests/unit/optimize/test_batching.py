@@ -83,3 +83,13 @@ def test_long_configurations_are_batched_only_to_amortise_the_start_up() -> None
     assert k == math.ceil(2.0 / (STARTUP_SHARE * 3.0)) == 4
     # Short configurations still fill the Pod: the start-up share is not what limits them.
     assert batch_size([0.05], 60.0, 16, 1000, startup_s=2.0) == 16
+
+
+def test_slow_start_never_has_more_outstanding_than_measured() -> None:
+    from fleettune.optimize.batching import slow_start
+
+    assert slow_start(16, observed=0, outstanding=0) == 1  # every free GPU still gets work
+    assert slow_start(16, observed=0, outstanding=3) == 1
+    assert slow_start(16, observed=10, outstanding=4) == 6
+    assert slow_start(16, observed=100, outstanding=48) == 16  # the size asked for, once results allow
+    assert slow_start(1, observed=100, outstanding=0) == 1
