@@ -5,7 +5,6 @@ is recorded as invalid that was not measured invalid."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -60,8 +59,8 @@ def test_a_batch_pod_killed_half_way_keeps_its_answers_and_retries_the_rest(clus
 
     def policy(work: Any, pod: dict[str, Any]) -> Reply:
         if not isinstance(work, Batch):
-            return ok_reply(work)  # the default configuration, alone
-        if not victim:
+            return ok_reply(work)  # the default configuration, alone, and the ramp's first single ones
+        if not victim and len(work.entries) >= 3:
             # Killed (out of memory, say) after two answers: the kubelet reads the
             # termination log the job rewrote after each of them.
             victim.append(work)
@@ -97,13 +96,13 @@ def test_garbled_batch_results_lose_nothing_and_count_nothing_twice(cluster, nam
     def policy(work: Any, pod: dict[str, Any]) -> Reply:
         if not isinstance(work, Batch):
             return ok_reply(work)
-        if len(sent) < len(BAD):
+        if len(sent) < len(BAD) and len(work.entries) >= 2:
             kind = BAD[len(sent)]
             sent[kind] = work
             return Reply(bad_batch_message(work, kind), 0)  # type: ignore[arg-type]
         return ok_batch_reply(work)
 
-    budget = 10
+    budget = 14
     with PodCompleter(cluster, namespace, policy) as completer:
         assert apply(cluster, namespace, _one_pool("garbled-batch", trialsPerTarget=budget, parallelism=2,
                                                    trialsPerPod=3, maxInfraFailures=5)).returncode == 0
@@ -119,7 +118,8 @@ def test_garbled_batch_results_lose_nothing_and_count_nothing_twice(cluster, nam
     stray = max(e.index for e in sent["foreign index"].entries) + 1000
     assert stray not in records  # no record made up for an index that was not in the batch
     _assert_once_each(list(records.values()), budget)
-    assert run["status"]["targets"][0]["infraFailed"] == 2 * 3
+    lost = len(sent["oversized"].entries) + len(sent["truncated"].entries)
+    assert run["status"]["targets"][0]["infraFailed"] == lost
     for seen in completer.pods.values():
         assert_restricted(seen)
     _assert_clean_log(operator)
@@ -135,10 +135,12 @@ def test_a_run_on_the_simulator_measures_in_batches_with_fewer_pods(cluster, nam
     observed = [r for r in records if r.is_observation]
     assert len(observed) == budget and len({r.index for r in records}) == len(records)
     pods = {r.job for r in records}
-    assert len(pods) <= 1 + math.ceil((budget - 1) / 8) + 2, pods  # the default alone, then batches of 8
+    # The default alone, Pods ramping up with the results (1, 2, 4, ...), then batches of 8.
+    assert len(pods) <= budget // 2, pods
     assert all(r.run_s is not None for r in observed if r.outcome == Outcome.OK)  # GPU time per configuration
     per_pod = Counter(r.job for r in records)
-    assert max(per_pod.values()) == 8 and min(per_pod.values()) >= 1, per_pod
+    # Ramping up (a Pod never holds more than was measured when it was made) towards 8; the
+    # end of the budget is spread thinner over the free Pods.
+    assert 4 <= max(per_pod.values()) <= 8 and min(per_pod.values()) >= 1, per_pod
     target = get_run(cluster, namespace, "batched")["status"]["targets"][0]
-    # The latest Jobs' size: the end of the budget may be spread thinner over the free Pods.
-    assert 1 <= target["trialsPerPod"] <= 8 and target["completed"] == budget
+    assert target["trialsPerPod"] == 8 and target["completed"] == budget  # the size the Pods aim at
