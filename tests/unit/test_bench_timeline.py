@@ -307,7 +307,7 @@ def test_strategy_bench_keeps_batches_outstanding(ts, monkeypatch) -> None:
     # As the operator's Pods: one configuration each while nothing is measured, then
     # never more outstanding than measured, up to the full batch.
     calls.clear()
-    trace = run_batched(ts.replay, "random", 0, 30, 4, 3)
+    trace = run_batched(ts.replay, "genetic", 0, 30, 4, 3)
     assert calls[:3] == [(1, 0), (1, 1), (1, 2)]
     observed = 0
     for (n, pending), (prev_n, _) in zip(calls[3:], calls[:-3], strict=False):

@@ -40,20 +40,34 @@ def run(f: FakeFleet, steps: int = 60, **finish: Any) -> list[list[int]]:
 def test_fixed_batches_spend_the_budget_exactly_after_the_default_alone() -> None:
     f = fleet(trialsPerTarget=20, parallelism=2, trialsPerPod=4)
     sizes = run(f)
-    # The baseline alone, and one more beside it: nothing is measured yet. Then the Pods
-    # ramp up with the results (`slow_start`) to the size asked for.
-    assert sizes[0] == [1, 1]
+    assert sizes[0] == [1, 4]  # the baseline alone, a batch beside it (random search: no ramp)
     assert max(max(s, default=0) for s in sizes) == 4
-    observed = 0
-    for step in sizes:
-        assert all(k <= max(1, observed) for k in step), (step, observed)
-        observed += sum(step)
     records = f.records_of()
     assert records[0].config == DEFAULT
     assert sum(r.is_observation for r in records) == 20
     assert len({r.index for r in records}) == len(records)  # one record per trial, none twice
     assert len(f.created) < 20  # fewer Pods than trials
     assert f.target()["trialsPerPod"] == 4
+
+
+def test_a_learning_strategys_pods_ramp_up_with_its_results() -> None:
+    f = FakeFleet(spec={**SPEC, "strategy": {"name": "genetic", "seed": 3},
+                        "budget": {**SPEC["budget"], "trialsPerTarget": 30, "parallelism": 2, "trialsPerPod": 4}},
+                  measure=timed)
+    sizes = run(f)
+    # The baseline alone, and one more beside it: nothing is measured yet. Then never more
+    # outstanding than measured (`slow_start`), up to the size asked for.
+    assert sizes[0] == [1, 1]
+    observed = 0
+    for step in sizes:  # `run` finishes every Pod before the next step
+        outstanding = 0
+        for k in step:  # at least one each, so that every free GPU gets work
+            assert k <= max(1, observed - outstanding), (step, observed)
+            outstanding += k
+        observed += outstanding
+    assert max(max(s, default=0) for s in sizes) == 4
+    assert sum(r.is_observation for r in f.records_of()) == 30
+    assert f.target()["trialsPerPod"] == 4  # the size the Pods aim at
 
 
 def test_chosen_batches_aim_at_the_pod_duration_from_the_first_measurements() -> None:

@@ -132,7 +132,7 @@ def run_batched(
         nonlocal assigned
         while len(outstanding) < gpus and assigned < budget:
             pending = [c for pod in outstanding for c in pod]
-            k = slow_start(batch, n, len(pending)) if ramp else batch
+            k = slow_start(batch, n, len(pending)) if ramp and study.learns else batch
             t0 = time.perf_counter()
             configs = study.suggest(min(k, budget - assigned), pending)
             suggest_ms.append(1000.0 * (time.perf_counter() - t0))

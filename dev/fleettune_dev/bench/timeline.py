@@ -283,9 +283,9 @@ def simulate_fleet(
     def launch(at: float) -> bool:
         nonlocal op_free, assigned, seq, exhausted
         pending = [c for _, configs, _ in inflight.values() for c in configs]
-        k = 1 if mode == "pod" else slow_start(
-            batch_size(measured, model.pod_seconds, model.max_batch, budget - assigned, pods=gpus,
-                       startup_s=model.startup.p50_s), len(order), len(pending))
+        k = 1 if mode == "pod" else batch_size(measured, model.pod_seconds, model.max_batch, budget - assigned,
+                                               pods=gpus, startup_s=model.startup.p50_s)
+        k = slow_start(k, len(order), len(pending)) if study.learns else k
         t0 = clock()
         configs = study.suggest(k, pending)
         took = clock() - t0

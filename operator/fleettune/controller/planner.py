@@ -422,8 +422,9 @@ class Planner:
         """The size the pool's Pods aim at, and the trials per new Pod, one size per free
         slot, `left` at most in all. The default configuration runs alone first: it is the
         baseline, and its time sizes the batches. No Pod takes more than the target's
-        results leave room for (`slow_start`)."""
-        assert self.spec is not None
+        results leave room for (`slow_start`), when the strategy learns from them."""
+        assert self.spec is not None and pool.study is not None
+        learns = pool.study.learns
         budget = self.spec.budget
         if budget.trials_per_pod is not None:
             k = budget.trials_per_pod
@@ -437,6 +438,7 @@ class Planner:
         aim = k
         k = max(1, min(k, -(-left // max(slots - len(sizes), 1))))
         while len(sizes) < slots and left > 0:
-            sizes.append(min(slow_start(k, observed, outstanding + sum(sizes)), left))
+            ramped = slow_start(k, observed, outstanding + sum(sizes)) if learns else k
+            sizes.append(min(ramped, left))
             left -= sizes[-1]
         return aim, sizes

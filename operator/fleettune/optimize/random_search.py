@@ -10,6 +10,7 @@ from .strategy import Strategy, take_random
 
 class RandomSearch(Strategy):
     name = "random"  # no options (`StrategyOptions` declares none)
+    learns = False  # a batch chosen blind loses nothing
 
     def propose(self, n: int, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
         # Seeded by the state only: a sequence of single suggestions differs from one batch

@@ -30,6 +30,10 @@ class Strategy(ABC):
 
     name: ClassVar[str] = "?"
     Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+    # Whether suggestions depend on the results observed: a batch of such a strategy's
+    # suggestions, chosen before any of them is measured, is worse than the same number
+    # chosen one at a time (the operator ramps batched Pods up for it, `slow_start`).
+    learns: ClassVar[bool] = True
 
     def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
         self.candidates = candidates

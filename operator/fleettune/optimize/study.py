@@ -199,6 +199,11 @@ class Study:
         return self.history.value[self.history.task == 1]
 
     @property
+    def learns(self) -> bool:
+        """Whether the strategy's suggestions depend on the results observed (`Strategy.learns`)."""
+        return self.strategy.learns
+
+    @property
     def n_observed(self) -> int:
         return int((self.history.task == 1).sum())
 
