@@ -19,6 +19,7 @@ from fleettune import GROUP, KIND, VERSION
 from fleettune.admission import TrialPolicy, default_job_image
 from fleettune.api import TargetSpec, TuningRunSpec
 from fleettune.labels import (
+    BATCH_LABEL,
     CONFIG_ANNOTATION,
     CONFIG_KEYS_ANNOTATION,
     MANAGED_BY,
@@ -196,6 +197,7 @@ def render_job(
         configs = [config, *(c for c, _ in batch)]
         work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest).to_env()
         annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([config_key, *(k for _, k in batch)])}
+        labels[BATCH_LABEL] = "true"
         # Each configuration has its own timeout in the Pod; one more covers a fresh worker's
         # start after a configuration that broke its CUDA context.
         job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": (len(configs) + 1) * timeout + STARTUP_ALLOWANCE_S}

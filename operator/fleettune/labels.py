@@ -18,6 +18,7 @@ TRIAL_LABEL = f"{GROUP}/trial"  # the trial index within the pool, over all roun
 ROUND_LABEL = f"{GROUP}/round"  # the pool's tuning round the trial belongs to
 CONFIG_ANNOTATION = f"{GROUP}/config"  # the configuration, JSON, for kubectl readers
 CONFIG_KEYS_ANNOTATION = f"{GROUP}/config-keys"  # a batch Job's configurations, JSON list, in entry order
+BATCH_LABEL = f"{GROUP}/batch"  # "true" on a batch Job and its Pod: any end of the Pod is final (no retry)
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on its Pods
 
 # On the TuningRun.

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from fleettune.labels import CONFIG_ANNOTATION, CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
+from fleettune.labels import BATCH_LABEL, CONFIG_ANNOTATION, CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import (
     CONTAINER_NAME,
     INVALID_CONFIG_EXIT_CODES,
@@ -88,12 +88,16 @@ def decisive_end(pod: dict[str, Any]) -> bool:
 
     Exit 0 completes the Job (one completion); an invalid-configuration exit code fails it
     (the podFailurePolicy's FailJob rule, evaluated before the Ignore rule). Any other end may
-    be retried by the Job, so only the Job's own condition settles it. The Pod must also be in
-    a terminal phase: the scheduler frees its GPU only then.
+    be retried by the Job, so only the Job's own condition settles it; except a batch Pod's
+    (`BATCH_LABEL`): its Job is never retried, so any end is final, and the answers it wrote
+    must be read even when the Pod is deleted next (evicted, preempted). The Pod must also be
+    in a terminal phase: the scheduler frees its GPU only then.
     """
     term = _terminated(pod)
     if term is None or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
         return False
+    if ((pod.get("metadata") or {}).get("labels") or {}).get(BATCH_LABEL) == "true":
+        return True
     code = term.get("exitCode")
     return code == 0 or code in INVALID_CONFIG_EXIT_CODES
 

@@ -5,7 +5,9 @@ is recorded as invalid that was not measured invalid."""
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections import Counter
 from typing import Any
 
@@ -23,8 +25,9 @@ from fault_support import (
     ok_time,
     tracebacks,
 )
-from operator_support import OperatorProcess, apply, example, get_run, stored_records, wait_phase
+from operator_support import OperatorProcess, apply, example, get_run, stored_records, wait_for, wait_phase
 
+from fleettune.labels import BATCH_LABEL, RUN_LABEL
 from fleettune.results import TrialRecord
 from fleettune_job.protocol import Batch, Outcome
 
@@ -144,3 +147,38 @@ def test_a_run_on_the_simulator_measures_in_batches_with_fewer_pods(cluster, nam
     assert max(per_pod.values()) == 8 and min(per_pod.values()) >= 1, per_pod
     target = get_run(cluster, namespace, "batched")["status"]["targets"][0]
     assert target["trialsPerPod"] == 8 and target["completed"] == budget  # the size the Pods aim at
+
+
+def test_a_batch_pod_deleted_mid_batch_keeps_the_answers_it_wrote(cluster, namespace, simulator, operator):
+    """Evicted, preempted or drained: the kubelet stops the container, the job writes what
+    it finished, the Pod ends and is removed. The operator reads those answers from the
+    Pod's last state, after the Pod is gone (the simulator plays the kubelet)."""
+    budget, size = 40, 32
+    doc = _one_pool("evicted", trialsPerTarget=budget, parallelism=1, trialsPerPod=size, maxInfraFailures=3)
+    assert apply(cluster, namespace, doc).returncode == 0
+    selector = f"{BATCH_LABEL}=true,{RUN_LABEL}=evicted"
+
+    def running_batch_pod() -> dict[str, Any] | None:
+        out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+        for pod in json.loads(out)["items"]:
+            started = [s for s in pod["status"].get("containerStatuses") or [] if (s.get("state") or {}).get("running")]
+            if pod["status"].get("phase") == "Running" and started:
+                return pod  # type: ignore[no-any-return]
+        return None
+
+    pod = wait_for(running_batch_pod, 120, "a running batch Pod", interval=0.2)
+    time.sleep(1.0)  # a few of its configurations answered (the simulator's clock: 0.3 x recorded)
+    job = pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]
+    cluster.kubectl("delete", "pod", "-n", namespace, pod["metadata"]["name"], "--wait=false")
+    run = wait_phase(cluster, namespace, "evicted", 240, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    records = stored_records(cluster, namespace, "evicted")
+    mine = [r for r in records if r.job == job]
+    answered = [r for r in mine if r.outcome != Outcome.INFRA_ERROR]
+    lost = [r for r in mine if r.outcome == Outcome.INFRA_ERROR]
+    assert len(mine) == size, mine
+    assert answered, "the answers the Pod wrote before it was deleted were lost"
+    assert lost and all("not measured" in r.error for r in lost)  # the rest: tried again, never invalid
+    assert len([r for r in records if r.is_observation]) == budget
+    assert len({r.index for r in records}) == len(records)
+    _assert_clean_log(operator)

@@ -8,6 +8,7 @@ from typing import Any
 
 from fleettune.controller.kube import Kube
 from fleettune.controller.watch import EndedPods, WatchCache, parse_selector
+from fleettune.labels import BATCH_LABEL
 
 MANAGED = {"app.kubernetes.io/managed-by": "fleettune"}
 SEL_A = "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run=a"
@@ -190,14 +191,15 @@ def test_pods_of_a_cached_job_are_listed_no_older_than_the_job() -> None:
     assert all("resource_version" not in c for c in calls[1:])
 
 
-def trial_pod(job_uid: str, phase: str = "Succeeded", exit_code: int | None = 0, ns: str = "ns") -> dict[str, Any]:
+def trial_pod(job_uid: str, phase: str = "Succeeded", exit_code: int | None = 0, ns: str = "ns",
+              batch: bool = False) -> dict[str, Any]:
     state = {"terminated": {"exitCode": exit_code}} if exit_code is not None else {"running": {}}
-    return {"metadata": {"name": f"pod-{job_uid}", "namespace": ns,
+    return {"metadata": {"name": f"pod-{job_uid}", "namespace": ns, "labels": {BATCH_LABEL: "true"} if batch else {},
                          "ownerReferences": [{"kind": "Job", "name": "j", "uid": job_uid}]},
             "status": {"phase": phase, "containerStatuses": [{"name": "trial", "state": state}]}}
 
 
-def test_ended_pods_hold_decisive_ends_by_job_uid_until_pod_or_job_is_deleted() -> None:
+def test_ended_pods_hold_decisive_ends_by_job_uid_until_their_job_is_deleted() -> None:
     ended = EndedPods()
     k = Kube(api=object(), ended_pods=ended)  # type: ignore[arg-type]
     the_job = job("j", uid="u1")
@@ -210,13 +212,31 @@ def test_ended_pods_hold_decisive_ends_by_job_uid_until_pod_or_job_is_deleted() 
     # A re-created Job of the same name is another uid: the old Pod says nothing about it.
     assert k.ended_pod("ns", job("j", uid="u2")) is None
     assert k.ended_pod("other", the_job) is None
-    ended.observe("DELETED", trial_pod("u1"))
-    assert k.ended_pod("ns", the_job) is None
-    ended.observe(None, trial_pod("u1"))  # kopf's initial listing after a restart
+    # The Pod deleted: its end is still the Job's verdict, read until the Job goes.
+    assert not ended.observe("DELETED", trial_pod("u1"))
+    assert k.ended_pod("ns", the_job) is not None
     ended.job_deleted("ns", "u1")
     assert k.ended_pod("ns", the_job) is None and len(ended) == 0
+    # The garbage collector deletes the Pods after their Job: their last events add nothing.
+    assert not ended.observe("MODIFIED", trial_pod("u1")) and not ended.observe("DELETED", trial_pod("u1"))
+    assert len(ended) == 0
+    # kopf's initial listing after a restart, and a Pod seen first as deleted (its last state).
+    assert ended.observe(None, trial_pod("u4")) and ended.observe("DELETED", trial_pod("u5"))
     # Pods that belong to no Job are not trials.
     orphan = trial_pod("u3")
     orphan["metadata"]["ownerReferences"] = []
-    assert not ended.observe("MODIFIED", orphan) and len(ended) == 0
+    assert not ended.observe("MODIFIED", orphan) and len(ended) == 2
     assert Kube(api=object()).ended_pod("ns", the_job) is None  # type: ignore[arg-type]
+
+
+def test_any_end_of_a_batch_pod_is_final_and_kept_after_the_pod_is_deleted() -> None:
+    ended = EndedPods()
+    # Evicted mid-batch: the job wrote what it finished and exited 20 (SIGTERM) or was
+    # killed (137). Its Job (backoffLimit 0) is never retried, so that end is the verdict.
+    assert not ended.observe("MODIFIED", trial_pod("b1", "Running", None, batch=True))
+    assert ended.observe("MODIFIED", trial_pod("b1", "Failed", 20, batch=True))
+    assert not ended.observe("DELETED", trial_pod("b1", "Failed", 20, batch=True))
+    assert ended.get("ns", "b1") is not None
+    assert ended.observe("DELETED", trial_pod("b2", "Failed", 137, batch=True))  # only its deletion was seen
+    # A single-trial Pod killed the same way may be retried by its Job: not final.
+    assert not ended.observe("MODIFIED", trial_pod("s1", "Failed", 137))

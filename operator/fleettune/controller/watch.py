@@ -187,10 +187,14 @@ class EndedPods:
 
     The Job controller marks a Job Complete seconds after its Pod ended (it batches Pod
     updates and needs two syncs); a run that reads the verdict from the Pod here records the
-    trial and starts the next one at once. An ended Pod never comes back to life, so an
-    entry cannot turn wrong; keyed by the Job's uid, it cannot be mistaken for a re-created
-    Job of the same name. Entries leave with their Pod or Job (watch events); the size bound
-    only guards against deletions a broken watch never delivered.
+    trial and starts the next one at once. A batch Pod that is deleted (evicted, preempted,
+    drained) ends with the answers it wrote and is then removed: kept here, those answers
+    are read after the Pod is gone. An ended Pod never comes back to life, so an entry
+    cannot turn wrong; keyed by the Job's uid, it cannot be mistaken for a re-created Job of
+    the same name. Entries leave with their Job (its watch event), never with their Pod;
+    events for Pods of a Job already deleted are ignored (the garbage collector deletes the
+    Pods after the Job), and the size bound only guards against deletions a broken watch
+    never delivered.
 
     Thread-safe: fed from the event loop, read from worker threads.
     """
@@ -200,19 +204,18 @@ class EndedPods:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._gone: dict[tuple[str, str], None] = {}  # deleted Jobs, oldest first (an ordered set)
 
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
-        """A Pod watch event; True when it newly shows a decisive end (worth waking the run)."""
+        """A Pod watch event; True when it newly shows a decisive end (worth waking the run).
+        A DELETED event carries the Pod's last state: read like any other."""
         job_uid = _owning_job_uid(pod)
         if job_uid is None:
             return False
         key = ((pod.get("metadata") or {}).get("namespace") or "", job_uid)
         with self._lock:
-            if event_type == "DELETED":
-                self._pods.pop(key, None)
-                return False
             body = dict(pod)
-            if key in self._pods or not decisive_end(body):
+            if key in self._pods or key in self._gone or not decisive_end(body):
                 return False
             if len(self._pods) >= self.MAX_ENTRIES:
                 del self._pods[next(iter(self._pods))]
@@ -223,6 +226,9 @@ class EndedPods:
         if job_uid:
             with self._lock:
                 self._pods.pop((namespace, job_uid), None)
+                self._gone[(namespace, job_uid)] = None
+                if len(self._gone) > self.MAX_ENTRIES:
+                    del self._gone[next(iter(self._gone))]
 
     def get(self, namespace: str, job_uid: str | None) -> dict[str, Any] | None:
         if not job_uid:
