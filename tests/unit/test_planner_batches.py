@@ -69,6 +69,13 @@ def test_a_learning_strategys_pods_ramp_up_with_its_results() -> None:
     assert sum(r.is_observation for r in f.records_of()) == 30
     assert f.target()["trialsPerPod"] == 4  # the size the Pods aim at
 
+    # A size the operator chooses keeps the pool within MAX_OUTSTANDING already: no ramp.
+    f = FakeFleet(spec={**SPEC, "strategy": {"name": "genetic", "seed": 3},
+                        "budget": {**SPEC["budget"], "trialsPerTarget": 30, "parallelism": 2, "podSeconds": 20}},
+                  measure=gpu_timed(2.0))
+    sizes = run(f)
+    assert sizes[0] == [1, 1] and sizes[1] == [5, 5]  # 20 s / 2 s, capped for a 2 s start-up: 5
+
 
 def test_chosen_batches_aim_at_the_pod_duration_from_the_first_measurements() -> None:
     f = fleet(measure=gpu_timed(2.0), trialsPerTarget=40, parallelism=2, podSeconds=20)

@@ -251,7 +251,7 @@ def simulate_fleet(
     stop once optimum / best reaches it (nothing later changes a time to that level).
     """
     from fleettune.optimize import Study
-    from fleettune.optimize.batching import batch_size, slow_start
+    from fleettune.optimize.batching import batch_size
 
     if mode not in FLEET_MODES:
         raise ValueError(f"unknown fleet mode {mode!r}")
@@ -282,10 +282,9 @@ def simulate_fleet(
 
     def launch(at: float) -> bool:
         nonlocal op_free, assigned, seq, exhausted
-        pending = [c for _, configs, _ in inflight.values() for c in configs]
         k = 1 if mode == "pod" else batch_size(measured, model.pod_seconds, model.max_batch, budget - assigned,
                                                pods=gpus, startup_s=model.startup.p50_s)
-        k = slow_start(k, len(order), len(pending)) if study.learns else k
+        pending = [c for _, configs, _ in inflight.values() for c in configs]
         t0 = clock()
         configs = study.suggest(k, pending)
         took = clock() - t0

@@ -101,7 +101,8 @@ class TargetStatus(TrialCounts):
     pods_running: int = Field(default=0, description="Trial Pods (Jobs) running now; each measures trialsPerPod.")
     trials_per_pod: int | None = Field(
         default=None, description="Configurations per trial Pod the pool aims at (budget.trialsPerPod, or the "
-        "size chosen from its first measurements); a target's first Pods take fewer, ramping up as results arrive."
+        "size chosen from its first measurements); with a fixed size, a target's first Pods take fewer, ramping up "
+        "as results arrive."
     )
     space_size: int | None = Field(
         default=None, description="Valid configurations on this pool's GPU (at most 2^63-1 is shown)."

@@ -422,10 +422,12 @@ class Planner:
         """The size the pool's Pods aim at, and the trials per new Pod, one size per free
         slot, `left` at most in all. The default configuration runs alone first: it is the
         baseline, and its time sizes the batches. No Pod takes more than the target's
-        results leave room for (`slow_start`), when the strategy learns from them."""
+        results leave room for (`slow_start`) when the size is fixed and the strategy learns
+        from results: the chosen size keeps the Pods of a pool within MAX_OUTSTANDING
+        configurations already, and a ramp would only add start-ups (docs/bench-timeline.md)."""
         assert self.spec is not None and pool.study is not None
-        learns = pool.study.learns
         budget = self.spec.budget
+        ramp = budget.trials_per_pod is not None and pool.study.learns
         if budget.trials_per_pod is not None:
             k = budget.trials_per_pod
         else:
@@ -438,7 +440,7 @@ class Planner:
         aim = k
         k = max(1, min(k, -(-left // max(slots - len(sizes), 1))))
         while len(sizes) < slots and left > 0:
-            ramped = slow_start(k, observed, outstanding + sum(sizes)) if learns else k
+            ramped = slow_start(k, observed, outstanding + sum(sizes)) if ramp else k
             sizes.append(min(ramped, left))
             left -= sizes[-1]
         return aim, sizes

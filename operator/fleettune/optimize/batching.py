@@ -90,6 +90,9 @@ def slow_start(k: int, observed: int, outstanding: int) -> int:
     design, and on four GPUs with 16 per Pod the first 64 configurations would be chosen
     blind. Ramping up as results arrive (1, 1, 2, 4, 8, ... per Pod, as TCP's slow start)
     costs a few short Pods at the start of a target and keeps batched search close to
-    sequential search per evaluation (docs/bench-timeline.md, issue #16).
+    sequential search per evaluation (docs/bench-timeline.md, issue #16). The planner
+    ramps fixed sizes (`budget.trialsPerPod`) only: `batch_size` keeps a pool within
+    MAX_OUTSTANDING already, where the ramp's extra start-ups cost more wall-clock than
+    its better suggestions save.
     """
     return max(1, min(k, observed - outstanding))
