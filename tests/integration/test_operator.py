@@ -199,10 +199,12 @@ def _total(samples, name: str, **labels: str) -> float:
 
 def test_metrics_move_while_the_run_progresses(cluster, namespace, simulator, operator):
     budget = 8
-    assert apply(cluster, namespace, example("observed", trialsPerTarget=budget, parallelism=2)).returncode == 0
+    # One configuration per Pod: batched Pods can finish the whole run between two scrapes.
+    doc = example("observed", trialsPerTarget=budget, parallelism=2, trialsPerPod=1)
+    assert apply(cluster, namespace, doc).returncode == 0
     early = wait_for(
         lambda: (s := _scrape(operator.metrics_url)) and _total(s, "fleettune_trials_total", run="observed") >= 2 and s,
-        120, "the first trials in the metrics",
+        120, "the first trials in the metrics", interval=0.2,
     )
     run = wait_phase(cluster, namespace, "observed", 240, operator)
     late = _scrape(operator.metrics_url)
