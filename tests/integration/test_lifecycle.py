@@ -209,7 +209,9 @@ def test_several_problem_sizes_tune_in_turn_warm_started_publish_each_and_predic
     predictions = {tuple(p["problemSize"]): p for p in run["status"]["predictions"]}
     assert set(predictions) == {(8192, 8192), (64,)} and all(p["target"] == "a100" for p in predictions.values())
     eight = predictions[(8192, 8192)]
-    assert "GP over 12 results at 2 tuned sizes" in eight["basis"]
+    # The GP learns from each size's distinct measured configurations; a simulated failure drops one.
+    valid = sum(len({r.key for r in v if r.objective}) for v in by_key.values())
+    assert 10 <= valid <= 12 and f"GP over {valid} results at 2 tuned sizes" in eight["basis"]
     # Four times the work of the largest tuned size: slower than its best.
     assert eight["predictedMs"] > targets[0]["best"]["objectiveMs"] and set(eight["config"]) == set(best_big.config)
     assert predictions[(64,)]["basis"].startswith("spec.predictFor:") and "config" not in predictions[(64,)]
