@@ -23,6 +23,8 @@ the Helm chart sets from ``trialPolicy`` values), never the run's:
   the images themselves are what the allow-list restricts;
 * ``FLEETTUNE_TRIAL_SERVICE_ACCOUNT``: the ServiceAccount of trial Pods (default: none set,
   the namespace's ``default``); its token is never mounted;
+* ``FLEETTUNE_DEFAULT_QUEUE``: the Kueue LocalQueue of trial Jobs whose run names none
+  (``spec.queue``); unset: such Jobs go to no queue (docs/kueue.md);
 * ``FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS``: comma-separated ServiceAccount names (or globs;
   ``*``: any) a run may name in ``spec.jobTemplate.serviceAccountName``, since a
   ServiceAccount can carry privileges (an SCC, a PSA exemption, cloud IAM). Unset: only
@@ -57,6 +59,7 @@ RUN_AS_USER_ENV = "FLEETTUNE_TRIAL_RUN_AS_USER"
 IMAGE_PULL_SECRETS_ENV = "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS"
 SERVICE_ACCOUNT_ENV = "FLEETTUNE_TRIAL_SERVICE_ACCOUNT"
 ALLOWED_SERVICE_ACCOUNTS_ENV = "FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS"
+DEFAULT_QUEUE_ENV = "FLEETTUNE_DEFAULT_QUEUE"
 DEFAULT_JOB_IMAGE = "ghcr.io/fleettune/job:0.1.0"
 DEFAULT_RUN_AS_USER = 10001
 MAX_ID = 2**31 - 1  # Kubernetes' bound on runAsUser, runAsGroup and fsGroup
@@ -65,6 +68,7 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -151,6 +155,7 @@ class TrialPolicy:
     image_pull_secrets: tuple[str, ...] = ()
     service_account: str | None = None
     allowed_service_accounts: tuple[str, ...] = ()
+    default_queue: str | None = None  # Kueue LocalQueue of runs that name none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TrialPolicy:
@@ -173,9 +178,13 @@ class TrialPolicy:
         allowed_accounts = tuple(
             dict.fromkeys(p.strip() for p in env.get(ALLOWED_SERVICE_ACCOUNTS_ENV, "").split(",") if p.strip())
         )
+        queue = env.get(DEFAULT_QUEUE_ENV, "").strip() or None
+        if queue is not None and (len(queue) > 63 or not _DNS_LABEL.match(queue)):
+            problems.append(f"{DEFAULT_QUEUE_ENV}={bounded(queue, 80)!r}: not a LocalQueue name (lower-case letters, "
+                            "digits and '-', at most 63 characters; the chart value trialPolicy.queue)")
         if problems:
             raise OperatorConfigError("; ".join(problems))
-        return cls(allow_privileged=raw in _TRUE, allowed_images=patterns, job_image=job_image,
+        return cls(default_queue=queue, allow_privileged=raw in _TRUE, allowed_images=patterns, job_image=job_image,
                    run_as_user=run_as_user, image_pull_secrets=secrets,
                    service_account=accounts[0] if accounts else None,
                    allowed_service_accounts=allowed_accounts)

@@ -17,13 +17,15 @@ from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
 from fleettune.admission import TrialPolicy, default_job_image
-from fleettune.api import TargetSpec, TuningRunSpec
+from fleettune.api import QueueSpec, TargetSpec, TuningRunSpec
 from fleettune.labels import (
     BATCH_LABEL,
     CONFIG_ANNOTATION,
     CONFIG_KEYS_ANNOTATION,
     MANAGED_BY,
     MANAGER,
+    QUEUE_NAME_LABEL,
+    QUEUE_PRIORITY_LABEL,
     RUN_LABEL,
     TARGET_LABEL,
     TRIAL_LABEL,
@@ -127,6 +129,28 @@ def make_batch(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
     return Batch.model_validate(common | {"entries": entries})
 
 
+def queue_of(spec: TuningRunSpec, target: TargetSpec, policy: TrialPolicy) -> QueueSpec | None:
+    """The Kueue queue of a pool's trial Jobs: the target's, the run's, else the operator's default."""
+    if target.queue is not None or spec.queue is not None:
+        return target.queue or spec.queue
+    return QueueSpec(name=policy.default_queue) if policy.default_queue else None
+
+
+def suspended(job: dict[str, Any]) -> bool:
+    """Whether a trial Job is held by its queue: created suspended and not admitted yet, or
+    suspended again (Kueue preempted it). Its configurations are waiting, not failing."""
+    return bool((job.get("spec") or {}).get("suspend"))
+
+
+def suspended_since(job: dict[str, Any]) -> str | None:
+    """When a suspended Job last started waiting (RFC 3339): its Suspended condition's
+    transition, else its creation (Kueue's webhook suspends it as it is created)."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Suspended" and cond.get("status") == "True" and cond.get("lastTransitionTime"):
+            return str(cond["lastTransitionTime"])
+    return (job.get("metadata") or {}).get("creationTimestamp")
+
+
 def with_node_expressions(affinity: dict[str, Any] | None, expressions: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The target's affinity with `expressions` added to every required node-selector term
     (terms are ORed, expressions within a term ANDed: each term must also exclude them)."""
@@ -187,17 +211,27 @@ def render_job(
     With `batch` (further configurations and their keys), one Pod measures `config` and
     then each of them, with the following indexes. A batch Job is never retried by the Job
     controller (backoffLimit 0): a retry would measure its finished configurations again;
-    the operator re-suggests the ones its Pod did not answer instead."""
+    the operator re-suggests the ones its Pod did not answer instead.
+
+    With a queue (`queue_of`), the Job is created suspended, labelled for Kueue, which
+    admits it (un-suspends it) when the queue's quota allows: a Job is never started behind
+    the queue's back, even where no Kueue webhook suspends it."""
     key = key or target.name
     policy = policy or TrialPolicy.from_env()
     labels = {MANAGED_BY: MANAGER, RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
+    queue = queue_of(spec, target, policy)
+    job_labels = dict(labels)
+    if queue is not None:
+        job_labels[QUEUE_NAME_LABEL] = queue.name
+        if queue.priority_class:
+            job_labels[QUEUE_PRIORITY_LABEL] = queue.priority_class
     timeout = spec.budget.trial_timeout_seconds
     job_spec: dict[str, Any]
     if batch:
         configs = [config, *(c for c, _ in batch)]
         work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest).to_env()
         annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([config_key, *(k for _, k in batch)])}
-        labels[BATCH_LABEL] = "true"
+        labels[BATCH_LABEL] = job_labels[BATCH_LABEL] = "true"
         # Each configuration has its own timeout in the Pod; one more covers a fresh worker's
         # start after a configuration that broke its CUDA context.
         job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": (len(configs) + 1) * timeout + STARTUP_ALLOWANCE_S}
@@ -284,7 +318,7 @@ def render_job(
         "metadata": {
             "name": job_name(run, key, index),
             "namespace": namespace,
-            "labels": labels,
+            "labels": job_labels,
             "annotations": annotations,
             "ownerReferences": [
                 {
@@ -299,6 +333,7 @@ def render_job(
         },
         "spec": {
             **job_spec,
+            **({"suspend": True} if queue is not None else {}),
             "ttlSecondsAfterFinished": tmpl.ttl_seconds_after_finished,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },

@@ -20,6 +20,10 @@ CONFIG_ANNOTATION = f"{GROUP}/config"  # the configuration, JSON, for kubectl re
 CONFIG_KEYS_ANNOTATION = f"{GROUP}/config-keys"  # a batch Job's configurations, JSON list, in entry order
 BATCH_LABEL = f"{GROUP}/batch"  # "true" on a batch Job and its Pod: any end of the Pod is final (no retry)
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on its Pods
+# Kueue's, on a trial Job of a run that names a queue (spec.queue): its LocalQueue, and the
+# WorkloadPriorityClass that orders it in the queue and decides what it may preempt.
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+QUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 # On the TuningRun.
 RETUNE_ANNOTATION = f"{GROUP}/retune-requested-at"  # a new value starts a new round on every pool

@@ -115,8 +115,17 @@ class Metrics:
             POOL_LABELS, registry=r,
         )
         self.queue_wait = Histogram(
-            f"{PREFIX}_trial_queue_wait_seconds", "Time from a trial Job's creation until its Pod "
-            "was bound to a node of the pool.", POOL_LABELS, buckets=QUEUE_BUCKETS, registry=r,
+            f"{PREFIX}_trial_queue_wait_seconds", "Time from a trial Job's creation (or its admission by its "
+            "Kueue queue) until its Pod was bound to a node of the pool.", POOL_LABELS, buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            f"{PREFIX}_trial_admission_wait_seconds", "Time from a trial Job's creation until its Kueue queue "
+            "admitted it (its last admission, after a preemption).", POOL_LABELS, buckets=QUEUE_BUCKETS, registry=r,
+        )
+        self.queued = Gauge(
+            f"{PREFIX}_queued_trials", "Trials (configurations) whose Jobs wait for admission by their Kueue "
+            "queue (suspended).", POOL_LABELS, registry=r,
         )
         self.best = Gauge(
             f"{PREFIX}_best_objective_seconds", "Best (lowest) kernel time found so far, in seconds "
@@ -197,9 +206,11 @@ class Metrics:
 
     def pod_finished(
         self, namespace: str, run: str, target: str, duration_s: float | None = None,
-        queue_wait_s: float | None = None, gpus: int = 1,
+        queue_wait_s: float | None = None, gpus: int = 1, admission_wait_s: float | None = None,
     ) -> None:
         """A trial Pod's records were stored (call once per Job)."""
+        if admission_wait_s is not None and admission_wait_s >= 0:
+            self._child(self.admission_wait, namespace, run, target).observe(admission_wait_s)
         if duration_s is not None and duration_s >= 0:
             self._child(self.pod_duration, namespace, run, target).observe(duration_s)
             self._child(self.gpu_held, namespace, run, target).inc(duration_s * gpus)
@@ -247,6 +258,7 @@ class Metrics:
                 in_flight=int(t.get("podsRunning", 0)), parallelism=parallelism, best_ms=best, speedup=t.get("speedup"),
             )
             self.set_pool_phase(namespace, run, name, str(t.get("phase") or "Pending"))
+            self._child(self.queued, namespace, run, name).set(int(t.get("queued", 0)))
             if t.get("trialsPerPod"):
                 self._child(self.trials_per_pod, namespace, run, name).set(int(t["trialsPerPod"]))
             # Exported as 0 too, so that `sum(fleettune_pool_stale)` is 0 rather than empty.
@@ -339,6 +351,12 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
 # ---------------------------------------------------------------------- timings
 
 
+def parse_time(value: str | None) -> float | None:
+    """Epoch seconds of a Kubernetes timestamp (RFC 3339), None when there is none."""
+    when = _ts(value)
+    return when.timestamp() if when is not None else None
+
+
 def _ts(value: str | None) -> datetime | None:
     if not value:
         return None
@@ -352,17 +370,24 @@ def _ts(value: str | None) -> datetime | None:
 class TrialTimings:
     duration_s: float | None = None
     queue_wait_s: float | None = None
+    admission_wait_s: float | None = None
 
 
 def trial_timings(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> TrialTimings:
-    """Run time and wait for a node of a finished trial, from its Job and Pods (pure).
+    """Run time, wait for admission and wait for a node of a finished trial, from its Job and
+    Pods (pure).
 
     Duration: the trial container's startedAt -> finishedAt in the last Pod that ran it.
-    Queue wait: Job creation -> the first Pod's PodScheduled=True transition (a node was
-    found); includes the Job controller's Pod creation, which is small next to a busy pool.
-    Either is None when the objects do not say (e.g. a Pod that never started).
+    Admission wait (a Job of a Kueue queue): Job creation -> its last admission (the Job's
+    Suspended condition turning False), a preemption's wait included. Queue wait: the Job's
+    creation, or its admission, -> the first Pod's PodScheduled=True transition after it (a
+    node was found); includes the Job controller's Pod creation, which is small next to a
+    busy pool. Each is None when the objects do not say (e.g. a Pod that never started).
     """
     created = _ts((job.get("metadata") or {}).get("creationTimestamp"))
+    admitted = max((when for c in (job.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Suspended" and c.get("status") == "False"
+                    and (when := _ts(c.get("lastTransitionTime")))), default=None)
     scheduled: list[datetime] = []
     runs: list[tuple[datetime, datetime]] = []
     for pod in pods:
@@ -380,10 +405,13 @@ def trial_timings(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> 
     if runs:
         start, end = max(runs, key=lambda r: r[1])
         duration = max(0.0, (end - start).total_seconds())
+    start = admitted or created
     wait = None
-    if created and scheduled:
-        wait = max(0.0, (min(scheduled) - created).total_seconds())
-    return TrialTimings(duration, wait)
+    if start and scheduled:
+        bound = min((s for s in scheduled if s >= start), default=min(scheduled))
+        wait = max(0.0, (bound - start).total_seconds())
+    admission = max(0.0, (admitted - created).total_seconds()) if admitted and created else None
+    return TrialTimings(duration, wait, admission)
 
 
 # ---------------------------------------------------------------------- the operator's registry

@@ -192,7 +192,7 @@ def _finished_at(pod: dict[str, Any]) -> str:
 
 def records_from_batch_job(
     job: dict[str, Any], pods: list[dict[str, Any]], batch: Batch, pool_round: int,
-    problem_size: list[int] | None = None,
+    problem_size: list[int] | None = None, answered_only: bool = False,
 ) -> list[TrialRecord]:
     """One record per entry of a finished batch Job (or one whose Pod's end decides it).
 
@@ -200,7 +200,8 @@ def records_from_batch_job(
     still wrote the answers it finished, and the first answer of an entry wins (a second
     Pod may have measured it again). An answer for an index not in the batch is ignored. An
     entry nobody answered is an infrastructure failure — not measured, so never counted as
-    an invalid configuration — and the optimiser may suggest it again."""
+    an invalid configuration — and the optimiser may suggest it again; with `answered_only`
+    (a preempted batch: waiting, not failing) it has no record at all."""
     keys = _config_keys(job, len(batch.entries))
     by_index = {e.index: e for e in batch.entries}
     answered: dict[int, tuple[TrialResult, dict[str, Any] | None]] = {}
@@ -227,6 +228,8 @@ def records_from_batch_job(
     last = _last_pod(pods)
     out = []
     for n, entry in enumerate(batch.entries):
+        if answered_only and entry.index not in answered:
+            continue
         result, by = answered.get(entry.index, (missing, last))
         out.append(_record(job, entry.index, entry.config, keys[n], result, by, pool_round, problem_size))
     return out

@@ -58,7 +58,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def counts(records: Sequence[TrialRecord], running: int) -> TrialCounts:
+def counts(records: Sequence[TrialRecord], running: int, queued: int = 0) -> TrialCounts:
     valid = sum(r.outcome == Outcome.OK for r in records)
     infra = sum(r.outcome == Outcome.INFRA_ERROR for r in records)
     return TrialCounts(
@@ -67,6 +67,7 @@ def counts(records: Sequence[TrialRecord], running: int) -> TrialCounts:
         invalid=len(records) - valid - infra,
         infra_failed=infra,
         running=running,
+        queued=queued,
     )
 
 
@@ -98,9 +99,13 @@ def target_status(
     top_k: int = TOP_K,
     pods_running: int | None = None,
     trials_per_pod: int | None = None,
+    queued: int = 0,
+    pods_queued: int = 0,
+    queued_since: str | None = None,
 ) -> TargetStatus:
     """`running`: trials being measured; `pods_running`: the Pods measuring them (default:
-    one trial per Pod)."""
+    one trial per Pod); `queued`, `pods_queued`: the trials and Jobs waiting for their queue,
+    the longest since `queued_since`."""
     best = ranked(records)
     top = [
         ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index)
@@ -139,7 +144,9 @@ def target_status(
         stale=bounded(stale) if stale is not None else None,
         pods_running=running if pods_running is None else pods_running,
         trials_per_pod=trials_per_pod,
-        **counts(records, running).model_dump(),
+        pods_queued=pods_queued,
+        queued_since=queued_since,
+        **counts(records, running, queued).model_dump(),
     )
 
 
@@ -173,11 +180,13 @@ def run_status(
     message: str,
     extra: dict[str, Any] | None = None,
     published: tuple[bool, str, str] | None = None,
+    queue: tuple[bool, str, str] | None = None,
 ) -> TuningRunStatus:
     """`extra`: further top-level status fields (snake_case names of TuningRunStatus).
     `published`: (status, reason, message) of the `Published` condition when the run
     publishes (None: no such condition); a refused publication (reason PUBLISH_REFUSED)
-    also degrades the run."""
+    also degrades the run. `queue`: the same for `QueueDelayed` when trials go through a
+    Kueue queue (True: a pool's Jobs waited longer than its queue's maxWaitSeconds)."""
     prev = previous or TuningRunStatus()
     total = TrialCounts(
         **{f: sum(getattr(t, f) for t in targets) for f in TrialCounts.model_fields}
@@ -209,6 +218,10 @@ def run_status(
         conditions = [c for c in conditions if c.type != "Published"]
     else:
         conditions = set_condition(conditions, "Published", *published, generation)
+    if queue is None:
+        conditions = [c for c in conditions if c.type != "QueueDelayed"]
+    else:
+        conditions = set_condition(conditions, "QueueDelayed", *queue, generation)
     stale = [f"{t.name}: {t.stale}" for t in targets if t.stale]
     conditions = set_condition(
         conditions, "Stale", bool(stale), "FingerprintChanged" if stale else "UpToDate", "; ".join(stale), generation
@@ -263,7 +276,7 @@ def fit_status(status: dict[str, Any], budget: int) -> dict[str, Any]:
 
     def strip_targets() -> None:
         keep = {"name", "target", "problemSize", "phase", "budget", "round", "completed", "valid", "invalid",
-                "infraFailed", "running"}
+                "infraFailed", "running", "queued"}
         for i, t in enumerate(targets):
             targets[i] = {k: v for k, v in t.items() if k in keep} | {"message": bounded(t.get("message", ""), 200)}
 

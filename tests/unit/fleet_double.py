@@ -13,6 +13,7 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from fleettune.api import TuningRunStatus
@@ -20,8 +21,8 @@ from fleettune.controller.plan import Observed, Plan, RecordKey, pods_needed
 from fleettune.controller.planner import Planner
 from fleettune.controller.reporting import Report
 from fleettune.jobs import work_of
-from fleettune.labels import TARGET_LABEL
-from fleettune.results import TrialRecord
+from fleettune.labels import BATCH_LABEL, TARGET_LABEL
+from fleettune.results import TrialRecord, job_finished
 from fleettune_job.protocol import CONTAINER_NAME, Answer, Batch, BatchResult, Outcome, TrialResult
 
 Measure = Callable[[dict[str, Any]], TrialResult]
@@ -30,6 +31,10 @@ A100 = {
     "nvidia.com/gpu.compute.minor": "0", "nvidia.com/cuda.driver-version.full": "550.54.15",
     "nvidia.com/cuda.runtime-version.full": "12.4",
 }
+
+
+def iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class MemoryStore:
@@ -64,6 +69,7 @@ class FakeFleet:
     status: dict[str, Any] | None = None
     node_wait_s: float = 600.0
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
+    ended: dict[str, dict[str, Any]] = field(default_factory=dict)  # Job name -> its Pod the watch saw end
     planner: Planner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,7 +96,34 @@ class FakeFleet:
         self.mono += seconds
 
     def running(self) -> list[dict[str, Any]]:
-        return [j for j in self.jobs.values() if not j.get("status")]
+        """The Jobs that run now: not finished, and not held by a queue (suspended)."""
+        return [j for j in self.jobs.values() if not job_finished(j) and not j["spec"].get("suspend")]
+
+    def admit(self, n: int | None = None) -> list[str]:
+        """Kueue admits the first `n` waiting Jobs (all: None): it un-suspends them."""
+        waiting = [j for j in self.jobs.values() if j["spec"].get("suspend") and not job_finished(j)][:n]
+        for job in waiting:
+            job["spec"]["suspend"] = False
+            job["status"] = {"conditions": [{"type": "Suspended", "status": "False", "reason": "JobResumed",
+                                             "lastTransitionTime": iso(self.wall)}]}
+        return [j["metadata"]["name"] for j in waiting]
+
+    def preempt(self, name: str, answered: int = 0) -> None:
+        """Kueue suspends a running Job again; the Job controller ends its Pod, which (a batch)
+        wrote its first `answered` answers, as the job image does on SIGTERM."""
+        job = self.jobs[name]
+        job["spec"]["suspend"] = True
+        job["status"] = {"conditions": [{"type": "Suspended", "status": "True", "reason": "JobSuspended",
+                                         "lastTransitionTime": iso(self.wall)}]}
+        work = work_of(job)
+        assert isinstance(work, Batch)
+        entries = work.entries[:answered]
+        message = BatchResult(answers=[Answer.of(e.index, self.measure(e.config)) for e in entries],
+                              done=False, error="terminated by SIGTERM")
+        self.ended[name] = {
+            "metadata": {"name": f"{name}-pod", "labels": {BATCH_LABEL: "true"}},
+            "status": {"phase": "Failed", "containerStatuses": [{
+                "name": CONTAINER_NAME, "state": {"terminated": {"exitCode": 143, "message": message.encode()}}}]}}
 
     def finish(self, n: int | None = None, answered: int | None = None) -> None:
         """The Job controller marks the first `n` running Jobs (all: None) done with their
@@ -128,10 +161,11 @@ class FakeFleet:
             nodes = [{"metadata": {"name": n, "labels": labels}, "spec": {}} for n, labels in self.nodes.items()]
             planner.accept_nodes(nodes, self.node_epoch, self.mono)
         jobs = [copy.deepcopy({k: v for k, v in j.items() if k != "pods"}) for j in self.jobs.values()]
-        needed = pods_needed(jobs, {}, self.store)
+        ended = {name: pod for name, pod in self.ended.items() if name in self.jobs}
+        needed = pods_needed(jobs, ended, self.store)
         pods = {j["metadata"]["name"]: self.jobs[j["metadata"]["name"]]["pods"] for j in needed}
         plan = planner.plan(Observed(wall=self.wall, mono=self.mono, jobs=jobs, records=self.store.records,
-                                     stored=self.store, pods=pods))
+                                     stored=self.store, pods=pods, ended=ended))
         self.store.append(plan.records)
         for name in plan.delete_now + plan.delete_after:
             self.deleted.append(name)
@@ -140,6 +174,7 @@ class FakeFleet:
             name = body["metadata"]["name"]
             assert name not in self.jobs, f"{name} created twice"
             self.jobs[name] = copy.deepcopy(body)
+            self.jobs[name]["metadata"]["creationTimestamp"] = iso(self.wall)
             self.created.append(name)
         return self._report(plan)
 
@@ -155,12 +190,13 @@ class FakeFleet:
         return plan
 
     def run(self, steps: int = 200, per_step: float = 10.0) -> Report:
-        """Step, finishing every running Job after each step, until the run is finished."""
+        """Step, admitting (a queue) and finishing every Job after each step, until the run is finished."""
         for _ in range(steps):
             plan = self.step()
             if plan.finished:
                 assert plan.report is not None
                 return plan.report
+            self.admit()
             self.finish()
             self.advance(per_step)
         raise AssertionError(f"not finished after {steps} steps: {self.status}")

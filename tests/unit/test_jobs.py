@@ -213,3 +213,28 @@ def test_a_batch_job_carries_its_trials_and_is_never_retried_by_the_job_controll
     assert job["spec"]["activeDeadlineSeconds"] == 4 * spec.budget.trial_timeout_seconds + 120
     env = job["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
     assert Batch.model_validate_json(env).timeout_s == spec.budget.trial_timeout_seconds
+
+
+def test_the_queue_is_the_targets_the_runs_or_the_operators_default_and_a_bad_default_is_refused():
+    import pytest
+
+    from fleettune.admission import OperatorConfigError, TrialPolicy
+    from fleettune.labels import QUEUE_NAME_LABEL
+
+    def queue_of(spec, target, policy):
+        job = render_job(run="conv", namespace="ns", uid="u", spec=spec, target=target, index=0, config=CONFIG,
+                         config_key="k", policy=policy)
+        return job["metadata"]["labels"].get(QUEUE_NAME_LABEL), job["spec"].get("suspend")
+
+    doc = SPEC.model_dump(by_alias=True, exclude_none=True)
+    plain, default = TrialPolicy(), TrialPolicy(default_queue="team-gpus")
+    assert queue_of(SPEC, SPEC.targets[0], plain) == (None, None)
+    assert queue_of(SPEC, SPEC.targets[0], default) == ("team-gpus", True)
+    run = TuningRunSpec.model_validate({**doc, "queue": {"name": "tuning"}})
+    assert queue_of(run, run.targets[0], default) == ("tuning", True)
+    edge = TargetSpec.model_validate({**run.targets[0].dump(), "queue": {"name": "jetson-cluster"}})
+    assert queue_of(run, edge, default) == ("jetson-cluster", True)
+
+    assert TrialPolicy.from_env({"FLEETTUNE_DEFAULT_QUEUE": " team-gpus "}).default_queue == "team-gpus"
+    with pytest.raises(OperatorConfigError, match=r"FLEETTUNE_DEFAULT_QUEUE='Team_GPUs'.*trialPolicy\.queue"):
+        TrialPolicy.from_env({"FLEETTUNE_DEFAULT_QUEUE": "Team_GPUs"})

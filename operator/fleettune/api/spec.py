@@ -320,6 +320,30 @@ class TargetSpec(Model):
         default=False,
         description="Also use nodes whose GPUs are shared (time-slicing, MPS); their timings are noisy.",
     )
+    queue: QueueSpec | None = Field(
+        default=None,
+        description="This pool's Kueue queue, instead of spec.queue (e.g. a LocalQueue whose ClusterQueue "
+        "dispatches to another cluster through MultiKueue).",
+    )
+
+
+class QueueSpec(Model):
+    """The Kueue LocalQueue that admits a run's trial Jobs (docs/kueue.md)."""
+
+    name: str = Field(
+        max_length=63, pattern=DNS_LABEL,
+        description="The LocalQueue, in the run's namespace, that admits the trial Jobs (Kueue's "
+        "kueue.x-k8s.io/queue-name label); they wait, suspended, until Kueue admits them.",
+    )
+    priority_class: str | None = Field(
+        default=None, max_length=63, pattern=DNS_SUBDOMAIN,
+        description="Kueue WorkloadPriorityClass of the trial Jobs: their order in the queue, and whom they may "
+        "preempt or be preempted by.",
+    )
+    max_wait_seconds: int = Field(
+        default=900, ge=10, le=604_800,
+        description="A pool whose trial Jobs wait longer than this for admission says so (condition QueueDelayed).",
+    )
 
 
 class JobTemplateSpec(Model):
@@ -386,6 +410,11 @@ class TuningRunSpec(Model):
         min_length=1, max_length=16, description="The node pools to tune on; each is tuned separately."
     )
     job_template: JobTemplateSpec = Field(default_factory=JobTemplateSpec, description="The trial Jobs.")
+    queue: QueueSpec | None = Field(
+        default=None,
+        description="Send the trial Jobs through this Kueue LocalQueue (quotas, fair sharing, preemption); "
+        "default: the operator's (the chart value trialPolicy.queue), else none.",
+    )
     retune_policy: RetunePolicy = Field(
         default="Manual",
         description="OnDriverChange: re-tune a pool, warm-started, when its GPU fingerprint changes. Manual: only mark "

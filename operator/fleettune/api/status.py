@@ -20,7 +20,8 @@ class Condition(Model):
     read Ready, Reconciling and Stalled)."""
 
     type: str = Field(
-        description="Ready, Reconciling, Stalled, Progressing, Degraded, Stale or Published (one entry each)."
+        description="Ready, Reconciling, Stalled, Progressing, Degraded, Stale, Published or QueueDelayed (one "
+        "entry each)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="Why, in CamelCase (e.g. Tuning, Tuned, InvalidSpec, Forbidden).")
@@ -90,6 +91,9 @@ class TrialCounts(Model):
     )
     infra_failed: int = Field(default=0, description="Trials lost to the infrastructure (not counted as completed).")
     running: int = Field(default=0, description="Trials (configurations) being measured now.")
+    queued: int = Field(
+        default=0, description="Trials (configurations) whose Jobs wait for admission by their Kueue queue."
+    )
 
 
 class TargetStatus(TrialCounts):
@@ -99,6 +103,10 @@ class TargetStatus(TrialCounts):
     phase: TargetPhase = Field(default="Pending", description="Pending, Running, Succeeded, Failed or Unschedulable.")
     budget: int = Field(default=0, description="Trials this pool may run (budget.trialsPerTarget).")
     pods_running: int = Field(default=0, description="Trial Pods (Jobs) running now; each measures trialsPerPod.")
+    pods_queued: int = Field(default=0, description="Trial Jobs waiting for admission by their Kueue queue.")
+    queued_since: str | None = Field(
+        default=None, json_schema_extra=DATE_TIME, description="Since when the longest-waiting of them waits."
+    )
     trials_per_pod: int | None = Field(
         default=None, description="Configurations per trial Pod the pool aims at (budget.trialsPerPod, or the "
         "size chosen from its first measurements); with a fixed size, a target's first Pods take fewer, ramping up "

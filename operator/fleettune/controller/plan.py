@@ -6,6 +6,11 @@ watch saw its Pod end decisively (`results.decisive_end`): the record is taken t
 the pool's next trial starts at once, and the Job is deleted once the Job controller is
 done with it (one deleted earlier leaves its Pod to the slower orphan path). A batch Job
 gives one record per configuration, stored together.
+
+A Job suspended again after its Pod ran (Kueue preempted it) is waiting, not failing: the
+answers its Pod wrote are kept; the configurations it did not answer are handed back to
+its pool (`Plan.requeue`) and the Job is deleted, so that a re-admission never measures the
+answered ones twice. A preempted Pod that wrote nothing leaves its Job waiting for Kueue.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleettune.controller.reporting import Report
-from fleettune.jobs import entries_of, work_of
+from fleettune.jobs import entries_of, suspended, work_of
 from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune.metrics import TrialTimings, trial_timings
 from fleettune.results import TrialRecord, job_finished, record_from_job, records_from_batch_job
@@ -71,6 +76,8 @@ class Plan:
     report: Report | None = None
     # Recorded Jobs the Job controller has not marked done yet: deleted on a later step.
     settling: bool = False
+    # Pool key -> configurations of preempted Jobs that no Pod answered: measured first, again.
+    requeue: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -118,14 +125,20 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 continue  # its Pods were not read: recorded (and deleted) on a later step
             work = work_of(job)
             size = work.problem_size if size_of_key(target) is not None else None  # one of several sizes
+            preempted = suspended(job) and not job_finished(job)
             if isinstance(work, Batch):
-                new = records_from_batch_job(job, pods, work, round_of(job), size)
+                new = records_from_batch_job(job, pods, work, round_of(job), size, answered_only=preempted)
             else:
                 new = [record_from_job(job, pods, work.config, round_of(job), size)]
+            if preempted and rounds.get(target) == round_of(job):
+                answered = {r.index for r in new}
+                plan.requeue.setdefault(target, []).extend(c for i, c in entries_of(job) if i not in answered)
             # A record already stored (a crash between two of a batch's writes) is not stored twice.
             plan.records += [r for r in new if (r.round, r.target, r.index) not in obs.stored]
             plan.timings[name] = trial_timings(job, pods)
-        if ended is None:
+        if suspended(job) and not job_finished(job):
+            plan.delete_now.append(name)  # never re-admitted: it would measure its answered configurations again
+        elif ended is None:
             plan.delete_after.append(name)
         else:
             plan.settling = True

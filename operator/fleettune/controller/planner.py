@@ -36,7 +36,7 @@ from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
 from fleettune.controller.warmstart import WarmStarts
 from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
-from fleettune.jobs import entries_of, render_job
+from fleettune.jobs import entries_of, queue_of, render_job
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
@@ -142,7 +142,7 @@ class Planner:
         pool.round += 1
         pool.round_started = wall
         pool.tuned_for = pool.current.fingerprint if pool.current is not None else None
-        pool.stale, pool.study, pool.prior_dropped = None, None, False
+        pool.stale, pool.study, pool.prior_dropped, pool.requeue = None, None, False, []
         pool.move(PoolPhase.RUNNING, f"round {pool.round}: {reason}")
         self.log.info("%s: %s", pool.key, pool.message)
         self.events.append(("Normal", "Retune", f"{pool.key}: {pool.message}"))
@@ -268,12 +268,16 @@ class Planner:
             plan.report = failed
             return plan
         running = collect(obs, plan, {key: pool.round for key, pool in self.pools.items()})
+        for key, configs in plan.requeue.items():
+            self.pools[key].requeue += configs
         records = [*obs.records, *plan.records]
         self._feed_studies(records)
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
                 self._advance(pool, running.setdefault(pool.key, []), records, obs, plan)
-        plan.report = self.reporter.report(self.spec, self.pools, running, records, obs.mono)
+        policy = self.policy or TrialPolicy.from_env()
+        queues = {key: queue_of(self.spec, pool.spec, policy) for key, pool in self.pools.items()}
+        plan.report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
         return plan
 
     def _set_up_pools(self, obs: Observed) -> Report | None:
@@ -374,6 +378,11 @@ class Planner:
         default_first = pool.default_config is not None and pool.default_key not in keys
         aim, sizes = self._batch_sizes(pool, mine, slots, left, default_first, observations, len(in_flight))
         configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
+        # What preempted Jobs did not measure goes first: it was chosen already, and is still unmeasured.
+        requeued = list({k: c for c in pool.requeue if (k := pool.space.key(c)) not in keys}.values())
+        take = max(0, sum(sizes) - len(configs))
+        configs += requeued[:take]
+        pool.requeue = requeued[take:]
         if sum(sizes) > len(configs):
             started = time.perf_counter()
             try:
@@ -410,7 +419,8 @@ class Planner:
                 batch=keyed[1:],
             )
             index += len(group)
-            body["metadata"]["labels"][ROUND_LABEL] = str(pool.round)
+            for labels in (body["metadata"]["labels"], body["spec"]["template"]["metadata"]["labels"]):
+                labels[ROUND_LABEL] = str(pool.round)
             if pool.nodes_missing_since is not None:  # its wait for a node must not time the trial out
                 body["spec"]["activeDeadlineSeconds"] += int(self.node_wait_s)
             plan.create.append(body)

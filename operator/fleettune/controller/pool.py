@@ -65,6 +65,7 @@ class Pool:
     default_config: dict[str, Any] | None = None
     observed: set[int] = field(default_factory=set)
     trials_per_pod: int = 1  # of the pool's latest trial Pod
+    requeue: list[dict[str, Any]] = field(default_factory=list)  # of preempted Jobs, not measured: measured first
     next_check: float = 0.0
     nodes_missing_since: float | None = None  # epoch seconds: none of its nodes exists (scaled to zero)
 

@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleettune.api import TargetStatus, TuningRunSpec, TuningRunStatus
+from fleettune.api import QueueSpec, TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.pool import Pool, iso_time
-from fleettune.jobs import entries_of
+from fleettune.jobs import entries_of, suspended, suspended_since
+from fleettune.metrics import parse_time
 from fleettune.results import TrialRecord
 from fleettune.status import TOP_K, fit_status, run_status, status_budget, target_status
 
@@ -33,6 +34,7 @@ class Report:
     reason: str
     message: str
     finished: bool = False  # nothing left to do for this generation
+    queue: tuple[bool, str, str] | None = None  # the QueueDelayed condition, when trials are queued
 
 
 class Reporter:
@@ -52,18 +54,34 @@ class Reporter:
         self.announced = {t.name: t.phase for t in previous.targets} | {"": f"{previous.phase}/{ready}"}
 
     def report(self, spec: TuningRunSpec, pools: Mapping[str, Pool], running: Mapping[str, list[Any]],
-               records: Sequence[TrialRecord], mono: float) -> Report:
+               records: Sequence[TrialRecord], mono: float, wall: float | None = None,
+               queues: Mapping[str, QueueSpec | None] | None = None) -> Report:
+        """`running`: each pool's unfinished Jobs (those its queue holds among them);
+        `queues`: each pool's Kueue queue (`jobs.queue_of`), `wall`: now, for their waits."""
         targets = []
+        delayed: list[str] = []
         # Many (pool, size) entries share the status: fewer top configurations each.
         top_k = TOP_K if len(pools) <= 8 else 2 if len(pools) <= 16 else 1
         for pool in pools.values():
+            jobs = running.get(pool.key, [])
+            held = [j for j in jobs if suspended(j)]
+            since = min(filter(None, map(suspended_since, held)), default=None)
+            spec_queue = (queues or {}).get(pool.key)
+            began = parse_time(since)
+            waited = wall - began if wall is not None and began is not None else None
+            if spec_queue is not None and waited is not None and waited > spec_queue.max_wait_seconds:
+                delayed.append(f"{pool.key}: {len(held)} trial Job(s) waiting {waited:.0f} s for admission by "
+                               f"LocalQueue {spec_queue.name} (more than maxWaitSeconds "
+                               f"{spec_queue.max_wait_seconds})")
             status = target_status(
                 name=pool.key, phase=pool.phase.value, budget=spec.budget.trials_per_target,
-                records=pool.records(records), running=sum(len(entries_of(j)) for j in running.get(pool.key, [])),
+                records=pool.records(records),
+                running=sum(len(entries_of(j)) for j in jobs if not suspended(j)),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
                 message=pool.message, tuning_round=pool.round, stale=pool.stale,
                 tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,
-                pods_running=len(running.get(pool.key, [])), trials_per_pod=pool.trials_per_pod,
+                pods_running=len(jobs) - len(held), trials_per_pod=pool.trials_per_pod,
+                queued=sum(len(entries_of(j)) for j in held), pods_queued=len(held), queued_since=since,
             )
             update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
             if pool.key != pool.spec.name:
@@ -77,14 +95,19 @@ class Reporter:
                 kind = "Warning" if t.phase in (PoolPhase.FAILED.value, PoolPhase.UNSCHEDULABLE.value) else "Normal"
                 self.events.append((kind, f"Target{t.phase}", f"{t.name}: {t.message or t.phase}"))
         self._predict(spec, pools, records, mono)
+        queue: tuple[bool, str, str] | None = None
+        if any(q is not None for q in (queues or {}).values()):
+            queue = (True, "QueueWaitExceeded", "; ".join(delayed)) if delayed else (False, "AsExpected", "")
         if all(p.done for p in pools.values()):
             failed = all(p.phase == PoolPhase.FAILED for p in pools.values())
             phase, reason = ("Failed", "AllTargetsFailed") if failed else ("Succeeded", "Tuned")
             message = "; ".join(f"{t.name}: {t.message}" for t in targets if t.message)
-            return Report(phase, targets, reason, message, finished=True)
-        stuck = [t for t in targets if t.phase == PoolPhase.UNSCHEDULABLE.value]
-        message = "; ".join(t.message for t in stuck) or f"{sum(t.running for t in targets)} trials running"
-        return Report("Running", targets, "Tuning", message)
+            return Report(phase, targets, reason, message, finished=True, queue=queue)
+        stuck = [t.message for t in targets if t.phase == PoolPhase.UNSCHEDULABLE.value] + delayed
+        queued = sum(t.queued for t in targets)
+        message = "; ".join(stuck) or f"{sum(t.running for t in targets)} trials running" + (
+            f", {queued} queued" if queued else "")
+        return Report("Running", targets, "Tuning", message, queue=queue)
 
     def status(self, report: Report, *, previous: TuningRunStatus | None, body: Mapping[str, Any],
                results: dict[str, Any], published: tuple[bool, str, str] | None,
@@ -100,6 +123,7 @@ class Reporter:
         status = run_status(
             previous=previous, generation=generation, phase=report.phase, targets=report.targets,
             results=results, reason=report.reason, message=report.message, extra=extra, published=published,
+            queue=report.queue,
         ).model_dump(by_alias=True, exclude_none=True, mode="json")
         # Whatever the spec holds, the status must fit beside it in etcd: a status that
         # cannot be written shows nothing, not even why.

@@ -141,7 +141,8 @@ class RunLoop:
                 timings = plan.timings.get(job, TrialTimings())
                 pool = self.planner.pools.get(target)
                 self.metrics.pod_finished(self.namespace, self.name, target, timings.duration_s,
-                                          timings.queue_wait_s, gpus=pool.spec.gpus if pool else 1)
+                                          timings.queue_wait_s, gpus=pool.spec.gpus if pool else 1,
+                                          admission_wait_s=timings.admission_wait_s)
         await self._delete_jobs(plan.delete_now)
         await asyncio.gather(*(asyncio.to_thread(self.kube.create_job, self.namespace, b) for b in plan.create))
         for s in plan.suggested:
