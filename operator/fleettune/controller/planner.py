@@ -224,7 +224,12 @@ class Planner:
     def _track_fleet(self, pool: Pool, obs: Observed) -> bool:
         """Update the pool's view of its nodes; False when it has none to run on."""
         assert self.spec is not None
-        nodes, pool.current = self.fleet.of(pool.spec)
+        queue = queue_of(self.spec, pool.spec, self.policy or TrialPolicy.from_env())
+        if queue is not None and queue.multi_kueue:
+            # Its nodes are in a worker cluster: the trials' own reports say what they ran on.
+            nodes, pool.current = None, None
+        else:
+            nodes, pool.current = self.fleet.of(pool.spec)
         if nodes is not None and pool.current is None:
             if pool.done:
                 return False
