@@ -26,35 +26,51 @@ def condition(f: FakeFleet, kind: str) -> dict[str, Any]:
 
 
 def test_queued_jobs_are_created_suspended_for_their_queue_and_wait_apart_from_running() -> None:
-    f = queued_fleet({"name": "gpu", "priorityClass": "tuning-low"})
-    plan = f.step()
-    assert len(plan.create) == 3
-    for job in plan.create:
-        labels = job["metadata"]["labels"]
-        assert job["spec"]["suspend"] is True
-        assert (labels[QUEUE_NAME_LABEL], labels[QUEUE_PRIORITY_LABEL]) == ("gpu", "tuning-low")
-        # Kueue reads the Job's labels; its Pods carry only fleettune's.
-        assert QUEUE_NAME_LABEL not in job["spec"]["template"]["metadata"]["labels"]
+    f = queued_fleet({"name": "gpu", "priorityClass": "tuning-low"}, parallelism=4)
+    (job,) = f.step().create  # nothing admitted yet: one Job waits, not the pool's parallelism
+    labels = job["metadata"]["labels"]
+    assert job["spec"]["suspend"] is True
+    assert (labels[QUEUE_NAME_LABEL], labels[QUEUE_PRIORITY_LABEL]) == ("gpu", "tuning-low")
+    # Kueue reads the Job's labels; its Pods carry only fleettune's.
+    assert QUEUE_NAME_LABEL not in job["spec"]["template"]["metadata"]["labels"]
     t = f.target()
-    assert (t["queued"], t["podsQueued"], t["running"], t["podsRunning"]) == (3, 3, 0, 0)
-    assert "3 queued" in condition(f, "Ready")["message"]
+    assert (t["queued"], t["podsQueued"], t["running"], t["podsRunning"]) == (1, 1, 0, 0)
+    assert "1 queued" in condition(f, "Ready")["message"]
     assert condition(f, "QueueDelayed")["status"] == "False"
 
-    # Waiting is not failing: nothing is recorded, and no more Jobs pile up than parallelism.
-    created = f.jobs[plan.create[0]["metadata"]["name"]]["metadata"]["creationTimestamp"]
+    # Waiting is not failing: nothing is recorded, and nothing more piles up in the queue.
+    created = f.jobs[job["metadata"]["name"]]["metadata"]["creationTimestamp"]
     f.advance(300)
     plan = f.step()
     assert not plan.create and not plan.records and not f.store.records
     assert f.target()["queuedSince"] == created
 
-    assert len(f.admit(2)) == 2
-    f.step()
+    # Admissions open the pool up to its parallelism: 1 admitted -> 1 more may wait, 2 -> 2.
+    assert f.admit() == [job["metadata"]["name"]]
+    assert len(f.step().create) == 1
+    f.admit()
+    assert len(f.step().create) == 2
     t = f.target()
-    assert (t["queued"], t["running"], t["podsRunning"]) == (1, 2, 2)
+    assert (t["queued"], t["running"], t["podsRunning"]) == (2, 2, 2)
+    f.admit()
+    assert not f.step().create  # parallelism 4 reached
     f.finish()
     f.step()
-    assert sum(r.is_observation for r in f.records_of()) == 2 and not any(
-        not r.is_observation for r in f.records_of())
+    assert sum(r.is_observation for r in f.records_of()) == 4 and all(r.is_observation for r in f.records_of())
+
+
+def test_a_quota_smaller_than_the_parallelism_bounds_what_waits_in_the_queue() -> None:
+    f = queued_fleet({"name": "gpu"}, parallelism=8, trialsPerTarget=30)
+    f.step()
+    most_waiting = 0
+    for _ in range(30):
+        if len(f.running()) < 2:  # the quota: two Jobs at a time
+            f.admit(2 - len(f.running()))
+        f.step()
+        most_waiting = max(most_waiting, f.target()["podsQueued"])
+        f.finish(1)
+        f.advance(5)
+    assert most_waiting <= 2 and sum(r.is_observation for r in f.records_of()) >= 20
 
 
 def test_a_pool_waiting_longer_than_max_wait_says_so_until_admitted() -> None:
@@ -64,7 +80,7 @@ def test_a_pool_waiting_longer_than_max_wait_says_so_until_admitted() -> None:
     f.step()
     delayed = condition(f, "QueueDelayed")
     assert (delayed["status"], delayed["reason"]) == ("True", "QueueWaitExceeded")
-    assert "a100: 3 trial Job(s) waiting 61 s for admission by LocalQueue gpu" in delayed["message"]
+    assert "a100: 1 trial Job(s) waiting 61 s for admission by LocalQueue gpu" in delayed["message"]
     assert "LocalQueue gpu" in condition(f, "Ready")["message"]
     f.admit()
     f.step()
@@ -152,6 +168,6 @@ def test_a_multikueue_pool_tunes_without_nodes_in_this_cluster() -> None:
     # Its GPU is the product its node selector names; its Jobs go to the queue that dispatches them.
     assert remote.target()["phase"] == "Running" and remote.target()["device"] == SPEC["targets"][0][
         "nodeSelector"]["nvidia.com/gpu.product"]
-    assert len(plan.create) == 3 and all(j["spec"]["suspend"] for j in plan.create)
+    assert len(plan.create) == 1 and all(j["spec"]["suspend"] for j in plan.create)
     report = remote.run()
     assert report.phase == "Succeeded" and sum(r.is_observation for r in remote.records_of()) == 12

@@ -36,11 +36,11 @@ from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
 from fleettune.controller.warmstart import WarmStarts
 from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
-from fleettune.jobs import entries_of, queue_of, render_job
+from fleettune.jobs import entries_of, queue_of, render_job, suspended
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
-from fleettune.optimize.batching import batch_size, slow_start
+from fleettune.optimize.batching import batch_size, queue_slots, slow_start
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
 from fleettune.results import TrialRecord
 from fleettune.sizes import pool_key
@@ -375,6 +375,9 @@ class Planner:
             return
         parallel = budget.parallelism if pool.nodes_missing_since is None else PENDING_WITHOUT_NODES
         slots = parallel - len(running)
+        if queue_of(self.spec, pool.spec, self.policy or TrialPolicy.from_env()) is not None:
+            waiting = sum(map(suspended, running))
+            slots = queue_slots(slots, len(running) - waiting, waiting)
         left = budget.trials_per_target - observations - len(in_flight)
         if slots <= 0 or left <= 0:
             return

@@ -96,3 +96,16 @@ def slow_start(k: int, observed: int, outstanding: int) -> int:
     its better suggestions save.
     """
     return max(1, min(k, observed - outstanding))
+
+
+def queue_slots(free: int, admitted: int, waiting: int) -> int:
+    """How many new Jobs a pool behind a Kueue queue may create now: at most ``free`` (its
+    parallelism left), and never more waiting for admission than it has admitted (at least
+    one), so that a queue's quota, not the pool's parallelism, bounds what piles up in it.
+
+    A waiting Job holds configurations chosen before the results that arrive while it waits:
+    a pool whose quota admits two Jobs at a time gains nothing from eight in the queue, and
+    its suggestions would go stale. As with `slow_start`, admission grows the pool's share
+    (1, 2, 4, ... Jobs) until the queue stops admitting or the parallelism is reached.
+    """
+    return max(0, min(free, max(1, admitted) - waiting))
