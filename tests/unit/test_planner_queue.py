@@ -150,24 +150,3 @@ def test_admission_wait_is_timed_apart_from_the_wait_for_a_node() -> None:
     assert (timings.admission_wait_s, timings.queue_wait_s) == (300.0, 2.0)
     plain = trial_timings({"metadata": job["metadata"]}, [pod])
     assert (plain.admission_wait_s, plain.queue_wait_s) == (None, 302.0)
-
-
-def test_a_multikueue_pool_tunes_without_nodes_in_this_cluster() -> None:
-    local = queued_fleet({"name": "gpu"})
-    local.set_nodes({})
-    local.node_wait_s = 0
-    local.planner = local.new_planner()
-    local.step()
-    assert local.target()["phase"] == "Unschedulable" and not local.jobs
-
-    remote = queued_fleet({"name": "edge", "multiKueue": True})
-    remote.set_nodes({})
-    remote.node_wait_s = 0
-    remote.planner = remote.new_planner()
-    plan = remote.step()
-    # Its GPU is the product its node selector names; its Jobs go to the queue that dispatches them.
-    assert remote.target()["phase"] == "Running" and remote.target()["device"] == SPEC["targets"][0][
-        "nodeSelector"]["nvidia.com/gpu.product"]
-    assert len(plan.create) == 1 and all(j["spec"]["suspend"] for j in plan.create)
-    report = remote.run()
-    assert report.phase == "Succeeded" and sum(r.is_observation for r in remote.records_of()) == 12

@@ -344,12 +344,6 @@ class QueueSpec(Model):
         default=900, ge=10, le=604_800,
         description="A pool whose trial Jobs wait longer than this for admission says so (condition QueueDelayed).",
     )
-    multi_kueue: bool = Field(
-        default=False,
-        description="The queue's ClusterQueue dispatches to worker clusters (MultiKueue): the pool's nodes are "
-        "there, not in this cluster, so the operator does not look for them here; its GPU is the target's device "
-        "or the product in its nodeSelector.",
-    )
 
 
 class JobTemplateSpec(Model):

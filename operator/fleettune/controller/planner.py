@@ -224,12 +224,7 @@ class Planner:
     def _track_fleet(self, pool: Pool, obs: Observed) -> bool:
         """Update the pool's view of its nodes; False when it has none to run on."""
         assert self.spec is not None
-        queue = queue_of(self.spec, pool.spec, self.policy or TrialPolicy.from_env())
-        if queue is not None and queue.multi_kueue:
-            # Its nodes are in a worker cluster: the trials' own reports say what they ran on.
-            nodes, pool.current = None, None
-        else:
-            nodes, pool.current = self.fleet.of(pool.spec)
+        nodes, pool.current = self.fleet.of(pool.spec)
         if nodes is not None and pool.current is None:
             if pool.done:
                 return False
