@@ -7,6 +7,8 @@
 * ``namespace`` (function): a fresh namespace, deleted after the test.
 * ``simulator`` (function): a running :class:`FleetSimulator` answering trial Pods.
 * ``api_client`` (session): a kubernetes ``ApiClient`` for the cluster.
+* ``kueue`` (module): the real Kueue manager (built from the Go module proxy like the
+  control plane) running against the cluster, with its webhooks (docs/kueue.md).
 * ``crd`` (module): the TuningRun CRD installed; ``operator`` (function): the real
   operator in a subprocess watching the test's namespace, authenticated as the Helm
   chart's ServiceAccount with the chart's RBAC (tests may SIGKILL and restart it).
@@ -53,6 +55,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         ensure_binaries(_progress)
     except Exception as exc:  # reported by the `cluster` fixture, test by test
         _build_error = f"building the control-plane binaries failed: {exc}"
+    if any("kueue" in getattr(item, "fixturenames", ()) for item in session.items):
+        from fleettune_dev.cluster.binaries import ensure_kueue
+
+        try:
+            ensure_kueue(_progress)
+        except Exception as exc:  # the `kueue` fixture tries again and reports it
+            _progress(f"building Kueue failed: {exc}")
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +102,28 @@ def namespace(cluster: LocalCluster, api_client: Any, request: pytest.FixtureReq
     except client.ApiException as exc:
         if exc.status != 404:
             raise
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: LocalCluster) -> Iterator[Any]:
+    """Kueue's manager on the session's cluster, for one test module (its webhooks see every
+    Job created while it runs); its CRDs stay, its objects and webhooks go at the end."""
+    if shutil.which("go") is None:
+        pytest.skip("the Go toolchain is needed to build Kueue")
+    from fleettune_dev.cluster.binaries import ensure_kueue
+    from fleettune_dev.cluster.kueue import KueueManager
+
+    try:
+        ensure_kueue()  # built by the collection hook; cached
+    except Exception as exc:
+        pytest.fail(f"building Kueue failed: {exc}", pytrace=False)
+    manager = KueueManager(cluster).start()
+    _progress(f"kueue ready in {manager.startup_s:.1f}s")
+    yield manager
+    try:
+        manager.delete_all()  # the tests delete their Jobs first
+    finally:
+        manager.stop()
 
 
 @pytest.fixture(scope="module")
