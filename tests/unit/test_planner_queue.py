@@ -115,6 +115,7 @@ def test_a_preempted_batch_keeps_its_answers_and_its_unmeasured_configurations_r
     # The answer it wrote is kept; the three it did not measure are neither failures nor lost.
     assert [r.config for r in plan.records] == entries[:1] and all(r.is_observation for r in f.records_of())
     assert batch["metadata"]["name"] in plan.delete_now
+    assert plan.preempted == [(batch["metadata"]["name"], "a100", 1, 3)]
     (again,) = plan.create
     assert [c for _, c in entries_of(again)][:3] == entries[1:]
     assert f.target()["infraFailed"] == 0

@@ -78,6 +78,7 @@ class Plan:
     settling: bool = False
     # Pool key -> configurations of preempted Jobs that no Pod answered: measured first, again.
     requeue: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    preempted: list[tuple[str, str, int, int]] = field(default_factory=list)  # (Job, pool, answered, re-queued)
 
     @property
     def finished(self) -> bool:
@@ -132,7 +133,9 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 new = [record_from_job(job, pods, work.config, round_of(job), size)]
             if preempted and rounds.get(target) == round_of(job):
                 answered = {r.index for r in new}
-                plan.requeue.setdefault(target, []).extend(c for i, c in entries_of(job) if i not in answered)
+                back = [c for i, c in entries_of(job) if i not in answered]
+                plan.requeue.setdefault(target, []).extend(back)
+                plan.preempted.append((name, target, len(answered), len(back)))
             # A record already stored (a crash between two of a batch's writes) is not stored twice.
             plan.records += [r for r in new if (r.round, r.target, r.index) not in obs.stored]
             plan.timings[name] = trial_timings(job, pods)

@@ -270,6 +270,9 @@ class Planner:
         running = collect(obs, plan, {key: pool.round for key, pool in self.pools.items()})
         for key, configs in plan.requeue.items():
             self.pools[key].requeue += configs
+        for job, key, answered, back in plan.preempted:
+            self.events.append(("Normal", "Preempted", f"{key}: trial Job {job} was preempted by its queue after "
+                                f"{answered} configuration(s); {back} go back to the pool, none counted as failed"))
         records = [*obs.records, *plan.records]
         self._feed_studies(records)
         for pool in self.pools.values():
