@@ -25,7 +25,7 @@ import kopf
 
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.admission import TrialPolicy
-from fleettune.controller.kube import Kube
+from fleettune.controller.kube import Kube, load_workers
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S
 from fleettune.controller.tuner import RunLoop
 from fleettune.controller.watch import EndedPods, WatchCache
@@ -85,7 +85,7 @@ class OperatorState:
     def kube(self) -> Kube:
         if self._kube is None:
             self._kube = Kube(job_cache=self.jobs, node_cache=self.nodes, background_deletes=True,
-                              ended_pods=self.ended)
+                              ended_pods=self.ended, workers=load_workers())
         return self._kube
 
     def wake(self, uid: str | None) -> None:

@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.controller.watch import EndedPods, WatchCache, parse_selector
 from fleettune.kubeapi import manifest, raw_json
+from fleettune.labels import JOB_NAME_LABEL
 from fleettune.names import bounded
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,35 @@ def load_api_client() -> client.ApiClient:
         config.load_kube_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, POOL_CONNECTIONS)
     return client.ApiClient(cfg)
+
+
+WORKER_KUBECONFIGS_ENV = "FLEETTUNE_WORKER_KUBECONFIGS"
+
+
+def load_workers(directory: str | None = None) -> dict[str, client.ApiClient]:
+    """Clients of the worker clusters that MultiKueue dispatches trial Jobs to (docs/kueue.md),
+    one per entry of ``directory`` (default: $FLEETTUNE_WORKER_KUBECONFIGS): a kubeconfig
+    file, or a folder holding a file ``kubeconfig`` (a mounted Secret), named by the entry.
+    MultiKueue mirrors a worker's Job status, not its Pods: the operator reads a dispatched
+    trial's Pod, and the pool's nodes, from the worker itself. Unset: none."""
+    import os
+    from pathlib import Path
+
+    root = directory if directory is not None else os.environ.get(WORKER_KUBECONFIGS_ENV, "").strip()
+    if not root:
+        return {}
+    base = Path(root)
+    if not base.is_dir():
+        raise ValueError(f"{WORKER_KUBECONFIGS_ENV}={root!r}: not a folder of kubeconfigs")
+    workers: dict[str, client.ApiClient] = {}
+    for entry in sorted(base.iterdir()):
+        path = entry / "kubeconfig" if entry.is_dir() else entry
+        if entry.name.startswith(".") or not path.is_file():
+            continue  # a mounted Secret's ..data links
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(path), client_configuration=cfg)
+        workers[entry.name] = client.ApiClient(cfg)
+    return workers
 
 
 def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
@@ -74,8 +104,9 @@ class Kube:
 
     def __init__(self, api: client.ApiClient | None = None, job_cache: WatchCache | None = None,
                  node_cache: WatchCache | None = None, background_deletes: bool = False,
-                 ended_pods: EndedPods | None = None) -> None:
+                 ended_pods: EndedPods | None = None, workers: Mapping[str, client.ApiClient] | None = None) -> None:
         self.api = api or load_api_client()
+        self.workers = dict(workers or {})  # MultiKueue worker clusters, by name (`load_workers`)
         self.job_cache = job_cache
         self.node_cache = node_cache
         self.ended_pods = ended_pods
@@ -127,6 +158,37 @@ class Kube:
         return self._items(
             self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         )
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The Pods of trial Job ``job``: in this cluster, else in the worker cluster that
+        MultiKueue dispatched it to (the same name and namespace there)."""
+        selector = f"{JOB_NAME_LABEL}={job}"
+        pods = self.list_pods(namespace, selector)
+        for name, api in self.workers.items():
+            if pods:
+                break
+            try:
+                pods = self._items(client.CoreV1Api(api).list_namespaced_pod(
+                    namespace, label_selector=selector, _preload_content=False))
+            except (ApiException, OSError) as exc:
+                log.warning("worker cluster %s: cannot list the Pods of %s/%s: %s", name, namespace, job,
+                            bounded(str(exc), 300))
+        return pods
+
+    def list_fleet_nodes(self) -> list[dict[str, Any]]:
+        """This cluster's nodes and the worker clusters' (named ``WORKER/NODE``), whose pools a
+        run tunes through MultiKueue; a worker that does not answer is left out and logged."""
+        nodes = list(self.list_nodes(""))
+        for name, api in self.workers.items():
+            try:
+                remote = self._items(client.CoreV1Api(api).list_node(_preload_content=False))
+            except (ApiException, OSError) as exc:
+                log.warning("worker cluster %s: cannot list its nodes: %s", name, bounded(str(exc), 300))
+                continue
+            for node in remote:
+                node["metadata"]["name"] = f"{name}/{node['metadata']['name']}"
+            nodes += remote
+        return nodes
 
     def ended_pod(self, namespace: str, job: Mapping[str, Any]) -> dict[str, Any] | None:
         """The Pod of ``job`` whose end decides it, if the Pod watch has shown one."""

@@ -28,7 +28,6 @@ from fleettune.controller.planner import DEFAULT_NODE_WAIT_S, Planner
 from fleettune.controller.publisher import Publisher, entries
 from fleettune.controller.reporting import Report
 from fleettune.jobs import run_selector
-from fleettune.labels import JOB_NAME_LABEL
 from fleettune.metrics import Metrics, TrialTimings
 from fleettune.names import bounded
 from fleettune.results import TrialRecord, job_finished
@@ -109,7 +108,7 @@ class RunLoop:
         planner.retune(meta.get("annotations") or {}, time.time())
         epoch = self.node_epoch()
         if planner.wants_nodes(epoch, time.monotonic()):
-            nodes = await asyncio.to_thread(self.kube.list_nodes, "")
+            nodes = await asyncio.to_thread(self.kube.list_fleet_nodes)
             planner.accept_nodes(nodes, epoch, time.monotonic())
         jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
         # A Job whose Pod's end (seen by the watch) decides it, before the Job controller says so.
@@ -117,8 +116,7 @@ class RunLoop:
                  if not job_finished(j) and (pod := self.kube.ended_pod(self.namespace, j)) is not None}
         needed = pods_needed(jobs, ended, self.store)
         pod_lists = await asyncio.gather(*(  # one round trip for all of them, not one after another
-            asyncio.to_thread(self.kube.list_pods, self.namespace, f"{JOB_NAME_LABEL}={j['metadata']['name']}")
-            for j in needed
+            asyncio.to_thread(self.kube.job_pods, self.namespace, j["metadata"]["name"]) for j in needed
         ))
         observed = Observed(
             wall=time.time(), mono=time.monotonic(), jobs=jobs, records=self.store.records, stored=self.store,

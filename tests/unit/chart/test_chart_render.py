@@ -180,6 +180,31 @@ def test_trial_policy_is_off_by_default_and_set_from_values(chart: Helm) -> None
     assert env["FLEETTUNE_ALLOWED_IMAGES"] == "docker.io/library/alpine,reg.local/"
 
 
+def test_a_default_queue_and_multikueue_workers_reach_the_operator(chart: Helm) -> None:
+    """trialPolicy.queue sets the default Kueue queue; each MultiKueue worker's kubeconfig is
+    mounted read-only from its Secret, and the operator is told where (docs/kueue.md)."""
+    plain = chart.template()
+    env = {e["name"]: e.get("value") for e in container(plain)["env"]}
+    assert "FLEETTUNE_DEFAULT_QUEUE" not in env and "FLEETTUNE_WORKER_KUBECONFIGS" not in env
+    sets = ("trialPolicy.queue=gpu-tuning", "multiKueue.workers[0].name=jetson-site",
+            "multiKueue.workers[0].secretName=ft-worker-jetson", "multiKueue.workers[1].name=lab",
+            "multiKueue.workers[1].secretName=ft-worker-lab", "multiKueue.workers[1].key=config")
+    docs = chart.template(sets=sets)
+    c = container(docs)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FLEETTUNE_DEFAULT_QUEUE"] == "gpu-tuning"
+    assert env["FLEETTUNE_WORKER_KUBECONFIGS"] == "/etc/fleettune/workers"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["worker-lab"] == {"name": "worker-lab", "mountPath": "/etc/fleettune/workers/lab", "readOnly": True}
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["worker-jetson-site"]["secret"] == {
+        "secretName": "ft-worker-jetson", "items": [{"key": "kubeconfig", "path": "kubeconfig"}]}
+    assert volumes["worker-lab"]["secret"]["items"] == [{"key": "config", "path": "kubeconfig"}]
+    with pytest.raises(Exception, match="queue"):
+        chart.template(sets=("trialPolicy.queue=Not_A_Queue",))
+
+
 def test_openshift_leaves_uids_to_the_platform(chart: Helm) -> None:
     """restricted-v2 assigns UIDs: no runAsUser/runAsGroup/fsGroup in the operator's Pod or (through
     the operator's environment) its trials; everything else of the restricted profile stays."""

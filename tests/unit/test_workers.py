@@ -1,0 +1,36 @@
+"""The worker clusters the operator reads MultiKueue-dispatched trials from (docs/kueue.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleettune.controller.kube import load_workers
+
+
+def _kubeconfig(server: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "w",
+        "clusters": [{"name": "w", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "w", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "w", "context": {"cluster": "w", "user": "w"}}],
+    })
+
+
+def test_each_mounted_secret_or_file_is_one_worker_named_by_its_entry(tmp_path: Path) -> None:
+    (tmp_path / "jetson-site").mkdir()
+    (tmp_path / "jetson-site" / "kubeconfig").write_text(_kubeconfig("https://10.0.0.1:6443"))
+    (tmp_path / "lab.yaml").write_text(_kubeconfig("https://10.0.0.2:6443"))
+    (tmp_path / "..data").mkdir()  # what a Secret volume holds beside its keys
+    (tmp_path / "empty").mkdir()
+    workers = load_workers(str(tmp_path))
+    assert {name: api.configuration.host for name, api in workers.items()} == {
+        "jetson-site": "https://10.0.0.1:6443", "lab.yaml": "https://10.0.0.2:6443"}
+    assert load_workers("") == {}
+
+
+def test_a_setting_that_is_not_a_folder_is_an_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="FLEETTUNE_WORKER_KUBECONFIGS=.*not a folder"):
+        load_workers(str(tmp_path / "missing"))
