@@ -32,5 +32,5 @@ def test_each_mounted_secret_or_file_is_one_worker_named_by_its_entry(tmp_path: 
 
 
 def test_a_setting_that_is_not_a_folder_is_an_error_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="FLEETTUNE_WORKER_KUBECONFIGS=.*not a folder"):
+    with pytest.raises(ValueError, match=r"FLEETTUNE_WORKER_KUBECONFIGS=.*not a folder"):
         load_workers(str(tmp_path / "missing"))
