@@ -6,9 +6,11 @@ records nothing as invalid."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,3 +174,31 @@ def test_a_higher_priority_job_preempts_a_batch_mid_way_and_nothing_is_lost(
     assert len({r.key for r in records}) == 17
     assert all(r.outcome != Outcome.INFRA_ERROR for r in records), [(r.index, r.error) for r in records]
     assert run["status"]["targets"][0]["infraFailed"] == 0
+
+
+def test_the_charts_kueue_set_up_is_accepted_by_kueue_and_admits_a_run(cluster, namespace, simulator, operator):
+    """The chart's optional Kueue objects (values `kueue.*`), applied to the real Kueue: its
+    queues become Active, and a run that names the queue tunes through it."""
+    from fleettune_dev.cluster.binaries import ensure_helm
+
+    chart = Path(__file__).resolve().parents[2] / "charts" / "fleettune"
+    sets = ["kueue.enabled=true", "kueue.queueName=chart-tuning", f"kueue.namespaces={{{namespace}}}",
+            "kueue.flavors[0].name=chart-a100", "kueue.flavors[0].nodeLabels.fleettune\\.dev/pool=a100",
+            "kueue.flavors[0].gpus=2", "kueue.priorityClass.name=chart-tuning-low", "kueue.priorityClass.value=50"]
+    rendered = subprocess.run(
+        [str(ensure_helm()), "template", "ft", str(chart), "-n", namespace, "--show-only", "templates/kueue.yaml",
+         *(a for s in sets for a in ("--set", s))], capture_output=True, text=True, check=True).stdout
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=rendered)
+    cluster.kubectl("wait", "--for=condition=Active", "clusterqueue/chart-tuning", "localqueue/chart-tuning",
+                    "-n", namespace, "--timeout=60s", timeout=90)
+    doc = _queued_run("charted", {"name": "chart-tuning", "priorityClass": "chart-tuning-low"}, trialsPerTarget=4,
+                      parallelism=2)
+    try:
+        assert apply(cluster, namespace, doc).returncode == 0
+        run = wait_phase(cluster, namespace, "charted", 240, operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        assert run["status"]["targets"][0]["completed"] == 4
+    finally:
+        cluster.kubectl("delete", "jobs", "--all", "-n", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "localqueue", "chart-tuning", "-n", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterqueue", "chart-tuning", "--wait=false", check=False)
