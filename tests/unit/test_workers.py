@@ -34,3 +34,22 @@ def test_each_mounted_secret_or_file_is_one_worker_named_by_its_entry(tmp_path: 
 def test_a_setting_that_is_not_a_folder_is_an_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"FLEETTUNE_WORKER_KUBECONFIGS=.*not a folder"):
         load_workers(str(tmp_path / "missing"))
+
+
+def test_a_workers_ended_trial_pod_is_kept_by_job_name_until_forgotten() -> None:
+    from fleettune.controller.watch import RemotePods
+    from fleettune_job.protocol import CONTAINER_NAME
+
+    def pod(phase: str, code: int | None) -> dict:
+        state = {"terminated": {"exitCode": code}} if code is not None else {"running": {}}
+        labels = {"batch.kubernetes.io/job-name": "conv-a100-0003"}
+        return {"metadata": {"name": "p", "namespace": "ns", "labels": labels},
+                "status": {"phase": phase, "containerStatuses": [{"name": CONTAINER_NAME, "state": state}]}}
+
+    kept = RemotePods()
+    assert not kept.observe(pod("Running", None)) and kept.get("ns", "conv-a100-0003") is None
+    assert not kept.observe(pod("Failed", 137))  # not decisive for a one-configuration trial: the Job may retry
+    assert kept.observe(pod("Succeeded", 0)) and not kept.observe(pod("Succeeded", 0))
+    assert kept.get("ns", "conv-a100-0003")["status"]["phase"] == "Succeeded"
+    kept.forget("ns", "conv-a100-0003")
+    assert kept.get("ns", "conv-a100-0003") is None

@@ -24,6 +24,17 @@ Disabled: the visibility on-demand API (feature gate ``VisibilityOnDemand``), an
 aggregated API server on the fixed port 8082 that would need an APIService; and every job
 integration but the configured ones (``batch/job`` by default): only their webhooks are
 registered, so Pods, Deployments and StatefulSets of the cluster never pass through Kueue.
+
+MultiKueue. Every port (webhook, health, metrics) is picked free at start and every file
+lies under the cluster's state dir, so two `KueueManager` of two `LocalCluster` run side
+by side on one host: `apply_multikueue` makes one the manager and the others its workers.
+The manager reads each worker's admin kubeconfig (embedded certificates, a loopback
+address: what Kueue's kubeconfig validation accepts) from its file (``locationType:
+Path``; the manager is a host process) or from a Secret. Kueue's Job webhook sets a queued
+Job's ``spec.managedBy: kueue.x-k8s.io/multikueue`` when its ClusterQueue has the
+MultiKueue AdmissionCheck, so the manager cluster's Job controller makes no Pod for it;
+Kueue copies it to a worker (``managedBy`` cleared), mirrors the worker Job's status back,
+and deletes the copy once the manager's Job finished or is deleted.
 """
 
 from __future__ import annotations
@@ -60,6 +71,13 @@ API_GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{API_GROUP}/v1beta2"
 QUEUE_LABEL = f"{API_GROUP}/queue-name"
 PRIORITY_LABEL = f"{API_GROUP}/priority-class"
+MULTIKUEUE_CONTROLLER = f"{API_GROUP}/multikueue"
+# Kueue sets a manager's queued Job's spec.managedBy to this (feature
+# MultiKueueBatchJobWithManagedBy, on by default in 0.15): the manager cluster's Job
+# controller leaves the Job alone, and Kueue mirrors the worker's Job status into it.
+MULTIKUEUE_MANAGED_BY = MULTIKUEUE_CONTROLLER
+MULTIKUEUE_ORIGIN_LABEL = f"{API_GROUP}/multikueue-origin"
+_MULTIKUEUE_KINDS = ("multikueueclusters", "multikueueconfigs", "admissionchecks")
 # What Kueue's release kustomization (config/default) names things: namePrefix "kueue-".
 WEBHOOK_SERVICE = "kueue-webhook-service"
 WEBHOOK_SECRET = "kueue-webhook-server-cert"
@@ -84,10 +102,13 @@ class KueueManager:
     """
 
     def __init__(self, cluster: LocalCluster, *, frameworks: Iterable[str] = ("batch/job",),
-                 feature_gates: dict[str, bool] | None = None, progress: Progress | None = None) -> None:
+                 feature_gates: dict[str, bool] | None = None, multikueue: dict[str, Any] | None = None,
+                 progress: Progress | None = None) -> None:
         self.cluster = cluster
         self.frameworks = list(frameworks)
         self.feature_gates = {"VisibilityOnDemand": False, **(feature_gates or {})}
+        # The Configuration's ``multiKueue`` block (gcInterval, origin, workerLostTimeout, ...).
+        self.multikueue = dict(multikueue or {})
         self._say = progress or _quiet
         self.dir = cluster.state_dir / "kueue"
         self.ports: dict[str, int] = {}
@@ -158,13 +179,15 @@ class KueueManager:
         self.cluster.stop_services(SERVICE)
 
     def delete_all(self, timeout: float = 60.0) -> None:
-        """Delete every Workload, LocalQueue, ClusterQueue, ResourceFlavor and
-        WorkloadPriorityClass, and wait until they are gone: Kueue holds some with finalizers,
-        and the CRDs' conversion webhook is this manager, so a namespace that still held its
-        objects once it stopped could not be deleted. Delete the Jobs first (Kueue makes a
-        Workload again for a Job that still exists)."""
+        """Delete every Workload, LocalQueue, ClusterQueue, ResourceFlavor,
+        WorkloadPriorityClass, AdmissionCheck, MultiKueueConfig and MultiKueueCluster, and
+        wait until they are gone: Kueue holds some with finalizers, and the CRDs' conversion
+        webhook is this manager, so a namespace that still held its objects once it stopped
+        could not be deleted. Delete the Jobs first (Kueue makes a Workload again for a Job
+        that still exists)."""
         kinds = [f"{k}.v1beta2.{API_GROUP}" for k in ("workloads", "localqueues", "clusterqueues",
-                                                       "resourceflavors", "workloadpriorityclasses")]
+                                                       "resourceflavors", "workloadpriorityclasses",
+                                                       *_MULTIKUEUE_KINDS)]
         for kind in kinds:
             self.cluster.kubectl("delete", kind, "--all", "--all-namespaces", "--wait=false", check=False)
         deadline = time.monotonic() + timeout
@@ -292,6 +315,8 @@ class KueueManager:
             "integrations": {"frameworks": self.frameworks},
             "featureGates": self.feature_gates,
         }
+        if self.multikueue:
+            cfg["multiKueue"] = self.multikueue
         self.config_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     def _wait_ready(self, rec: processes.ProcessRecord, deadline: float) -> None:
@@ -457,3 +482,111 @@ def workload_of(cluster: LocalCluster, namespace: str, job_uid: str) -> dict[str
             items = [w for w in json.loads(proc.stdout).get("items", [])
                      if any(o.get("uid") == job_uid for o in w["metadata"].get("ownerReferences", []))]
     return items[0] if items else None
+
+
+# --------------------------------------------------------------------- MultiKueue
+
+
+@dataclass(frozen=True)
+class MultiKueueQueues(Queues):
+    """What `apply_multikueue` made. On the manager: ``flavor``, ``cluster_queue`` (with
+    the AdmissionCheck ``admission_check``, parameters: the MultiKueueConfig ``config``
+    listing the MultiKueueClusters ``clusters``) and ``local_queue``; on each worker
+    ``worker_flavor`` (the pool's nodes) and a ClusterQueue and LocalQueue of the same
+    names as the manager's."""
+
+    admission_check: str = ""
+    config: str = ""
+    clusters: tuple[str, ...] = ()
+    worker_flavor: str = ""
+
+
+def apply_multikueue(manager: LocalCluster, workers: dict[str, LocalCluster], namespace: str, *,
+                     name: str = "gpu", pool: str = "a100", gpus: int = 1, cpu: str = "64",
+                     memory: str = "256Gi", worker_gpus: int | None = None, kubeconfig: str = "path",
+                     timeout: float = 60.0) -> MultiKueueQueues:
+    """MultiKueue from ``manager`` to ``workers`` (MultiKueueCluster name → cluster), each of
+    which runs its own `KueueManager`, as does the manager.
+
+    On each worker: ``namespace``, and `apply_queues` (a ResourceFlavor selecting ``pool``'s
+    nodes, ClusterQueue ``<namespace>-<name>`` with ``worker_gpus`` (default ``gpus``), and
+    LocalQueue ``name``). On the manager: a MultiKueueCluster per worker reading the
+    worker's admin kubeconfig (``kubeconfig="path"``: from its file, which the manager, a
+    host process, can read; ``"secret"``: copied into a Secret of Kueue's namespace), a
+    MultiKueueConfig listing them, an AdmissionCheck of the MultiKueue controller with it,
+    a ResourceFlavor ``multikueue-<pool>`` (no node labels: nothing runs on the manager), a
+    ClusterQueue of the same name as the workers' with the admission check and a quota of
+    ``gpus``, and the LocalQueue. Waits until the MultiKueueClusters, the AdmissionCheck and
+    both queues are Active. A Job queued on the manager's LocalQueue then runs on a worker
+    (a copy of the same name, the Pods there) and the manager's Job mirrors its status."""
+    if kubeconfig not in ("path", "secret"):
+        raise ValueError(f"kubeconfig must be 'path' or 'secret', not {kubeconfig!r}")
+    cq = f"{namespace}-{name}"
+    q = MultiKueueQueues(flavor=f"multikueue-{pool}", cluster_queue=cq, local_queue=name, namespace=namespace,
+                         admission_check=cq, config=cq, clusters=tuple(workers), worker_flavor=f"pool-{pool}")
+    for worker in workers.values():
+        worker.kubectl("create", "namespace", namespace, check=False)
+        apply_queues(worker, namespace, name=name, pool=pool, gpus=gpus if worker_gpus is None else worker_gpus,
+                     cpu=cpu, memory=memory, flavor=q.worker_flavor, timeout=timeout)
+    docs: list[dict[str, Any]] = []
+    for cluster_name, worker in workers.items():
+        if kubeconfig == "path":
+            location = {"locationType": "Path", "location": str(worker.kubeconfig.resolve())}
+        else:
+            secret = f"multikueue-{cluster_name}"
+            docs.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                         "metadata": {"name": secret, "namespace": NAMESPACE},
+                         "data": {"kubeconfig": base64.b64encode(worker.kubeconfig.read_bytes()).decode()}})
+            location = {"locationType": "Secret", "location": secret}
+        docs.append({"apiVersion": API_VERSION, "kind": "MultiKueueCluster", "metadata": {"name": cluster_name},
+                     "spec": {"clusterSource": {"kubeConfig": location}}})
+    docs += [
+        {"apiVersion": API_VERSION, "kind": "MultiKueueConfig", "metadata": {"name": q.config},
+         "spec": {"clusters": list(workers)}},
+        {"apiVersion": API_VERSION, "kind": "AdmissionCheck", "metadata": {"name": q.admission_check},
+         "spec": {"controllerName": MULTIKUEUE_CONTROLLER,
+                  "parameters": {"apiGroup": API_GROUP, "kind": "MultiKueueConfig", "name": q.config}}},
+        {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": q.flavor}, "spec": {}},
+        {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": q.cluster_queue},
+         "spec": {
+             "namespaceSelector": {},
+             "admissionChecksStrategy": {"admissionChecks": [{"name": q.admission_check}]},
+             "resourceGroups": [{
+                 "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+                 "flavors": [{"name": q.flavor, "resources": [
+                     {"name": "cpu", "nominalQuota": cpu},
+                     {"name": "memory", "nominalQuota": memory},
+                     {"name": GPU_RESOURCE, "nominalQuota": gpus},
+                 ]}],
+             }],
+         }},
+        {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": {"name": q.local_queue, "namespace": namespace},
+         "spec": {"clusterQueue": q.cluster_queue}},
+    ]
+    manager.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=fleettune-kueue", "-f", "-",
+                    input=yaml.safe_dump_all(docs, sort_keys=False))
+    waits = [*(f"multikueuecluster/{c}" for c in workers), f"admissioncheck/{q.admission_check}",
+             f"clusterqueue/{q.cluster_queue}", f"localqueue/{q.local_queue}"]
+    for obj in waits:
+        proc = manager.kubectl("wait", "--for=condition=Active", obj, "-n", namespace, f"--timeout={int(timeout)}s",
+                               timeout=timeout + 30, check=False)
+        if proc.returncode != 0:
+            got = manager.kubectl("get", obj, "-n", namespace, "-o", "jsonpath={.status.conditions}", check=False)
+            raise ClusterError(f"{obj} not Active after {timeout:.0f}s: {got.stdout or got.stderr}")
+    return q
+
+
+def delete_multikueue(manager: LocalCluster, workers: dict[str, LocalCluster], q: MultiKueueQueues) -> None:
+    """Delete what `apply_multikueue` made (the flavors stay): the queues on the manager and
+    the workers, and the manager's AdmissionCheck, MultiKueueConfig and MultiKueueClusters
+    (with their Secrets). Delete the Jobs first, while the managers run."""
+    delete_queues(manager, q)
+    for worker in workers.values():
+        delete_queues(worker, q)
+    manager.kubectl("delete", f"admissionchecks.v1beta2.{API_GROUP}", q.admission_check, "--ignore-not-found",
+                    "--wait=false")
+    manager.kubectl("delete", f"multikueueconfigs.v1beta2.{API_GROUP}", q.config, "--ignore-not-found",
+                    "--wait=false")
+    for c in q.clusters:
+        manager.kubectl("delete", f"multikueueclusters.v1beta2.{API_GROUP}", c, "--ignore-not-found", "--wait=false")
+        manager.kubectl("delete", "secret", f"multikueue-{c}", "-n", NAMESPACE, "--ignore-not-found")

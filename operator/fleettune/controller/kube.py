@@ -27,13 +27,13 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
-from fleettune.controller.watch import EndedPods, WatchCache, parse_selector
+from fleettune.controller.watch import EndedPods, RemotePods, WatchCache, parse_selector
 from fleettune.kubeapi import manifest, raw_json
-from fleettune.labels import JOB_NAME_LABEL
+from fleettune.labels import JOB_NAME_LABEL, MANAGED_BY, MANAGER
 from fleettune.names import bounded
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,9 @@ class Kube:
                  ended_pods: EndedPods | None = None, workers: Mapping[str, client.ApiClient] | None = None) -> None:
         self.api = api or load_api_client()
         self.workers = dict(workers or {})  # MultiKueue worker clusters, by name (`load_workers`)
+        self.remote_pods = RemotePods()
+        self._watched: set[str] = set()  # namespaces whose trial Pods are watched in every worker
+        self._watch_lock = threading.Lock()
         self.job_cache = job_cache
         self.node_cache = node_cache
         self.ended_pods = ended_pods
@@ -161,9 +164,12 @@ class Kube:
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The Pods of trial Job ``job``: in this cluster, else in the worker cluster that
-        MultiKueue dispatched it to (the same name and namespace there)."""
+        MultiKueue dispatched it to (the same name and namespace there): its ended Pod as the
+        worker watch kept it (`watch_workers`), or as listed there now."""
         selector = f"{JOB_NAME_LABEL}={job}"
         pods = self.list_pods(namespace, selector)
+        if not pods and (kept := self.remote_pods.get(namespace, job)) is not None:
+            pods = [kept]
         for name, api in self.workers.items():
             if pods:
                 break
@@ -191,10 +197,42 @@ class Kube:
         return nodes
 
     def ended_pod(self, namespace: str, job: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The Pod of ``job`` whose end decides it, if the Pod watch has shown one."""
-        if self.ended_pods is None:
-            return None
-        return self.ended_pods.get(namespace, (job.get("metadata") or {}).get("uid"))
+        """The Pod of ``job`` whose end decides it, if a Pod watch (this cluster's, or a
+        worker's for a Job MultiKueue dispatched) has shown one."""
+        meta = job.get("metadata") or {}
+        local = self.ended_pods.get(namespace, meta.get("uid")) if self.ended_pods is not None else None
+        return local or (self.remote_pods.get(namespace, meta["name"]) if self.workers and meta.get("name") else None)
+
+    def watch_workers(self, namespace: str) -> None:
+        """Watch the trial Pods of ``namespace`` in every worker cluster (once; a daemon thread
+        per worker), into `remote_pods`."""
+        with self._watch_lock:
+            if not self.workers or namespace in self._watched:
+                return
+            self._watched.add(namespace)
+        for name, api in self.workers.items():
+            threading.Thread(target=self._watch_worker, args=(name, api, namespace), daemon=True,
+                             name=f"fleettune-worker-{name}").start()
+
+    def _watch_worker(self, name: str, api: client.ApiClient, namespace: str) -> None:
+        core = client.CoreV1Api(api)
+        selector = f"{MANAGED_BY}={MANAGER}"
+        while True:
+            try:
+                listed = raw_json(core.list_namespaced_pod(namespace, label_selector=selector,
+                                                           _preload_content=False))
+                for pod in listed["items"]:
+                    self.remote_pods.observe(pod)
+                rv = (listed.get("metadata") or {}).get("resourceVersion")
+                for event in watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=selector,
+                                                  resource_version=rv, timeout_seconds=300, deserialize=False):
+                    obj = event.get("raw_object") or event.get("object")
+                    if isinstance(obj, dict) and obj.get("kind") != "Status":
+                        self.remote_pods.observe(obj)
+            except Exception as exc:  # a worker away, a watch expired: list again shortly
+                log.warning("worker cluster %s: watching trial Pods in %s: %s", name, namespace,
+                            bounded(str(exc), 300))
+                time.sleep(1.0)
 
     def _job_rv(self, namespace: str, selector: str) -> str | None:
         cache = self.job_cache
@@ -240,6 +278,7 @@ class Kube:
             self.job_cache.deleted(namespace, name)
 
     def _delete_job(self, namespace: str, name: str) -> None:
+        self.remote_pods.forget(namespace, name)
         try:
             # Read the (unparsed) answer: an unread response never gives its connection back
             # to the pool, and every later call would open (and TLS-handshake) a new one.

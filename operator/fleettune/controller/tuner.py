@@ -110,6 +110,7 @@ class RunLoop:
         if planner.wants_nodes(epoch, time.monotonic()):
             nodes = await asyncio.to_thread(self.kube.list_fleet_nodes)
             planner.accept_nodes(nodes, epoch, time.monotonic())
+        self.kube.watch_workers(self.namespace)
         jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
         # A Job whose Pod's end (seen by the watch) decides it, before the Job controller says so.
         ended = {j["metadata"]["name"]: pod for j in jobs

@@ -238,3 +238,42 @@ class EndedPods:
 
     def __len__(self) -> int:
         return len(self._pods)
+
+
+class RemotePods:
+    """Ended trial Pods of MultiKueue worker clusters, by namespace and Job name (docs/kueue.md).
+
+    A worker's copy of a trial Job has the manager's Job's name, not its uid, and Kueue
+    deletes that copy, Pods included, as soon as it has mirrored the Job's end onto the
+    manager's Job (0.05–0.1 s later, measured): a run reading the Pods only then would find
+    none. So each worker's trial Pods are watched, and the last state of every one that
+    ended decisively is kept here until its Job goes. Thread-safe; bounded like EndedPods.
+    """
+
+    MAX_ENTRIES = 20_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def observe(self, pod: Mapping[str, Any]) -> bool:
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get("batch.kubernetes.io/job-name")
+        if not job or not decisive_end(dict(pod)):
+            return False
+        with self._lock:
+            key = (meta.get("namespace") or "", str(job))
+            if key in self._pods:
+                return False
+            if len(self._pods) >= self.MAX_ENTRIES:
+                del self._pods[next(iter(self._pods))]
+            self._pods[key] = dict(pod)
+            return True
+
+    def get(self, namespace: str, job: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._pods.get((namespace, job))
+
+    def forget(self, namespace: str, job: str) -> None:
+        with self._lock:
+            self._pods.pop((namespace, job), None)
