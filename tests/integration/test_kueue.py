@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kueue_support import queued_job
 from operator_support import apply, example, get_run, stored_records, wait_for, wait_phase
 
 from fleettune.labels import BATCH_LABEL, QUEUE_NAME_LABEL, QUEUE_PRIORITY_LABEL
@@ -102,19 +103,6 @@ def _queued_run(name: str, queue: dict[str, Any], **budget: Any) -> dict[str, An
     return doc
 
 
-def _production_job(name: str, queue: str) -> dict[str, Any]:
-    """Someone else's GPU Job in the same queue, of a higher priority; it runs until deleted."""
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": {QUEUE_NAME_LABEL: queue, QUEUE_PRIORITY_LABEL: HIGH}},
-        "spec": {"backoffLimit": 0, "template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{"name": "serve", "image": "example.invalid/inference:1", "resources": {
-                "requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": "1"}}}],
-        }}},
-    }
-
-
 def test_the_queues_quota_decides_how_many_trials_run_and_waiting_is_not_failing(
         cluster, namespace, simulator, operator, queue):
     doc = _queued_run("queued", {"name": queue.local_queue, "priorityClass": LOW}, trialsPerTarget=8,
@@ -156,7 +144,7 @@ def test_a_higher_priority_job_preempts_a_batch_mid_way_and_nothing_is_lost(
     with JobsSeen(cluster, namespace) as seen:
         assert apply(cluster, namespace, doc).returncode == 0
         victim = wait_for(lambda: seen.admitted_batch_running(cluster), 240, "a batch Pod running")
-        batch.create_namespaced_job(namespace, _production_job("production", queue.local_queue))
+        batch.create_namespaced_job(namespace, queued_job("production", queue.local_queue, priority=HIGH))
         said = wait_for(lambda: _events(cluster, namespace, "Preempted"), 60, "the operator to see the preemption")
         assert any(victim in m and "none counted as failed" in m for m in said), said
         print("\n" + "\n".join(said))

@@ -10,7 +10,6 @@ Each test prints what it saw (``pytest -s`` shows it).
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,14 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import client
+from kueue_support import Timeline, queued_job
 
 from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster import LocalCluster
 from fleettune_dev.cluster.kueue import (
-    API_GROUP,
-    PRIORITY_LABEL,
-    QUEUE_LABEL,
     KueueManager,
     Queues,
     apply_priority_class,
@@ -71,27 +68,6 @@ def make_queues(cluster: LocalCluster, kueue: KueueManager, namespace: str,
     batch.delete_collection_namespaced_job(namespace, propagation_policy="Background")
     for q in made:
         delete_queues(cluster, q)
-
-
-def _job(name: str, queue: str, *, gpus: int = 1, priority: str | None = None) -> dict[str, Any]:
-    """A Job shaped like fleettune's batch trials (backoffLimit 0, a deadline), queued."""
-    labels = {QUEUE_LABEL: queue} | ({PRIORITY_LABEL: priority} if priority else {})
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": 600,
-            "template": {"spec": {
-                "restartPolicy": "Never",
-                "runtimeClassName": "nvidia",
-                "containers": [{"name": "trial", "image": "example.invalid/trial:1", "resources": {
-                    "requests": {"cpu": "1", "memory": "1Gi"},
-                    "limits": {"nvidia.com/gpu": str(gpus)}}}],
-            }},
-        },
-    }
 
 
 def _pods(core: client.CoreV1Api, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -155,113 +131,18 @@ def _summary(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
             "admission": (st.get("admission") or {}).get("clusterQueue")}
 
 
-def _owner_job(kind: str, obj: dict[str, Any]) -> str:
-    if kind == "Pod":
-        return (obj["metadata"].get("labels") or {}).get("job-name", "?")
-    if kind == "Workload":
-        return next((o["name"] for o in obj["metadata"].get("ownerReferences") or [] if o["kind"] == "Job"), "?")
-    return str(obj["metadata"]["name"])
-
-
-class Recorder:
-    """Watches the namespace's Jobs, Pods and Workloads and prints each change of them, with
-    the seconds since it started; keeps the latest of each for the tests' conditions."""
+class Recorder(Timeline):
+    """A Timeline of the one cluster, and whether a Job is admitted, or running."""
 
     def __init__(self, cluster: LocalCluster, namespace: str) -> None:
-        self.cluster, self.namespace = cluster, namespace
-        self.t0 = time.monotonic()
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.printed: dict[tuple[str, str], dict[str, Any]] = {}
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.threads = [threading.Thread(target=self._watch, args=(kind,), daemon=True)
-                        for kind in ("Job", "Pod", "Workload")]
-
-    def __enter__(self) -> Recorder:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        for t in self.threads:
-            t.join(timeout=10)
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def mark(self, what: str) -> float:
-        t = self.now()
-        print(f"  t={t:6.2f}s -- {what}")
-        return t
-
-    def _watch(self, kind: str) -> None:
-        api = self.cluster.api_client()
-        try:
-            if kind == "Job":
-                fn, args = client.BatchV1Api(api).list_namespaced_job, (self.namespace,)
-            elif kind == "Pod":
-                fn, args = client.CoreV1Api(api).list_namespaced_pod, (self.namespace,)
-            else:
-                fn = client.CustomObjectsApi(api).list_namespaced_custom_object
-                args = (API_GROUP, "v1beta2", self.namespace, "workloads")
-            rv: str | None = None
-            while not self.stopped.is_set():
-                w = watch.Watch()
-                kwargs: dict[str, Any] = {"timeout_seconds": 1, "deserialize": False}
-                if rv:
-                    kwargs["resource_version"] = rv
-                for ev in w.stream(fn, *args, **kwargs):
-                    obj = ev["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    self._record(kind, ev["type"], obj)
-        finally:
-            api.close()
-
-    def _record(self, kind: str, event: str, obj: dict[str, Any]) -> None:
-        key = (kind, obj["metadata"]["name"])
-        summary = {"DELETED": True} if event == "DELETED" else _summary(kind, obj)
-        with self.lock:
-            if event == "DELETED":
-                self.objects.pop(key, None)
-            else:
-                self.objects[key] = obj
-            before = self.printed.get(key)
-            if summary == before:
-                return
-            self.printed[key] = summary
-        changed = summary if before is None else {k: v for k, v in summary.items() if before.get(k) != v}
-        label = f"{kind} {obj['metadata']['name']}" if kind == "Job" else f"{kind} of {_owner_job(kind, obj)}"
-        print(f"  t={self.now():6.2f}s {label}: {json.dumps(changed)}")
-
-    def job(self, name: str) -> dict[str, Any] | None:
-        with self.lock:
-            return self.objects.get(("Job", name))
-
-    def workload(self, job: str) -> dict[str, Any] | None:
-        with self.lock:
-            return next((o for (k, _), o in self.objects.items() if k == "Workload" and _owner_job(k, o) == job),
-                        None)
-
-    def pods(self, job: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [o for (k, _), o in self.objects.items() if k == "Pod" and _owner_job(k, o) == job]
-
-    def until(self, predicate: Callable[[], Any], timeout: float, what: str) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return self.now()
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        super().__init__({"": cluster}, namespace, _summary)
 
     def admitted(self, job: str) -> bool:
         j = self.job(job)
         return j is not None and j["spec"].get("suspend") is False and _is_true(self.workload(job), "Admitted")
 
     def running(self, job: str) -> bool:
-        return any(p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-                   for p in self.pods(job))
+        return self.running_pod(job) is not None
 
 
 def test_a_queued_job_is_suspended_then_admitted_onto_the_pool(cluster, kueue, namespace, make_queues, batch,
@@ -271,7 +152,7 @@ def test_a_queued_job_is_suspended_then_admitted_onto_the_pool(cluster, kueue, n
     print("\n(a)")
     with Recorder(cluster, namespace) as rec:
         rec.mark(f"creating {name}")
-        created = json.loads(batch.create_namespaced_job(namespace, _job(name, q.local_queue),
+        created = json.loads(batch.create_namespaced_job(namespace, queued_job(name, q.local_queue),
                                                          _preload_content=False).data)
         # The mutating webhook suspended it before it was stored: no Pod could start early.
         assert created["spec"]["suspend"] is True
@@ -296,10 +177,10 @@ def test_a_job_beyond_the_quota_waits_suspended(cluster, kueue, namespace, make_
     first, second, third = (f"{n}-{uuid.uuid4().hex[:5]}" for n in ("first", "second", "third"))
     print("\n(b)")
     with Recorder(cluster, namespace) as rec:
-        batch.create_namespaced_job(namespace, _job(first, q.local_queue))
+        batch.create_namespaced_job(namespace, queued_job(first, q.local_queue))
         rec.until(lambda: rec.admitted(first) and rec.running(first), 60, "the first Job running")
         rec.mark(f"creating {second}")
-        batch.create_namespaced_job(namespace, _job(second, q.local_queue))
+        batch.create_namespaced_job(namespace, queued_job(second, q.local_queue))
         rec.until(lambda: _cond(rec.workload(second), "QuotaReserved"), 30, "the second Workload's QuotaReserved")
         time.sleep(5)  # it stays suspended while the first holds the only GPU
         job, wl = rec.job(second), rec.workload(second)
@@ -317,7 +198,7 @@ def test_a_job_beyond_the_quota_waits_suspended(cluster, kueue, namespace, make_
         print(f"(b) second admitted {t2 - t_done:.2f}s after the first Job's Pod succeeded")
 
         # A third waits behind the second; deleting the second frees the GPU.
-        batch.create_namespaced_job(namespace, _job(third, q.local_queue))
+        batch.create_namespaced_job(namespace, queued_job(third, q.local_queue))
         rec.until(lambda: _cond(rec.workload(third), "QuotaReserved"), 30, "the third Workload pending")
         t_del = rec.mark(f"deleting {second}")
         batch.delete_namespaced_job(second, namespace, propagation_policy="Background")
@@ -330,10 +211,10 @@ def test_a_higher_priority_job_preempts_a_running_lower_one(cluster, kueue, name
     low, high = f"low-{uuid.uuid4().hex[:5]}", f"high-{uuid.uuid4().hex[:5]}"
     print("\n(c)")
     with Recorder(cluster, namespace) as rec:
-        batch.create_namespaced_job(namespace, _job(low, q.local_queue, priority=LOW))
+        batch.create_namespaced_job(namespace, queued_job(low, q.local_queue, priority=LOW))
         rec.until(lambda: rec.admitted(low) and rec.running(low), 60, "the low-priority Job running")
         t_high = rec.mark(f"creating {high}")
-        batch.create_namespaced_job(namespace, _job(high, q.local_queue, priority=HIGH))
+        batch.create_namespaced_job(namespace, queued_job(high, q.local_queue, priority=HIGH))
         t_evicted = rec.until(lambda: _is_true(rec.workload(low), "Evicted"), 60, "the low Workload evicted")
         t_suspended = rec.until(lambda: (rec.job(low) or {}).get("spec", {}).get("suspend") is True, 60,
                                 "the low Job suspended")

@@ -15,28 +15,26 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, watch
+from kubernetes import client
+from kueue_support import Timeline, queued_job
 from operator_support import ChartIdentity, OperatorProcess, apply, example, stored_records, wait_phase
 
 from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster import LocalCluster, default_fleet
 from fleettune_dev.cluster.fleet import Fleet
 from fleettune_dev.cluster.kueue import (
-    API_GROUP,
     MULTIKUEUE_MANAGED_BY,
     MULTIKUEUE_ORIGIN_LABEL,
-    QUEUE_LABEL,
     KueueManager,
     MultiKueueQueues,
     apply_multikueue,
@@ -117,26 +115,6 @@ def mk(cluster: LocalCluster, kueue: KueueManager, worker: LocalCluster, worker_
     print("worker kueue log:\n" + worker_kueue.log_tail(40))
 
 
-def _job(name: str, queue: str, *, suspend: bool | None = True) -> dict[str, Any]:
-    """A Job shaped like fleettune's batch trials, queued; ``spec.suspend`` as the
-    operator creates them (true) unless told otherwise (None: left out)."""
-    spec: dict[str, Any] = {
-        "backoffLimit": 0,
-        "activeDeadlineSeconds": 600,
-        "template": {"spec": {
-            "restartPolicy": "Never",
-            "runtimeClassName": "nvidia",
-            "containers": [{"name": "trial", "image": "example.invalid/trial:1", "resources": {
-                "requests": {"cpu": "1", "memory": "1Gi"},
-                "limits": {"nvidia.com/gpu": "1"}}}],
-        }},
-    }
-    if suspend is not None:
-        spec["suspend"] = suspend
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": {QUEUE_LABEL: queue}},
-            "spec": spec}
-
-
 def _complete_pod(core: client.CoreV1Api, pod: dict[str, Any], message: str, exit_code: int = 0) -> None:
     """What a kubelet reports of a container that exited (0: Succeeded, else Failed) with a
     termination message."""
@@ -176,111 +154,6 @@ def _summary(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
             "clusterName": st.get("clusterName"), "deleting": bool(obj["metadata"].get("deletionTimestamp"))}
 
 
-def _job_of(kind: str, obj: dict[str, Any]) -> str:
-    if kind == "Pod":
-        return (obj["metadata"].get("labels") or {}).get("job-name", "?")
-    if kind == "Workload":
-        owner = next((o["name"] for o in obj["metadata"].get("ownerReferences") or [] if o["kind"] == "Job"), None)
-        # A worker's Workload is a copy of the manager's, owned by nothing there at first.
-        return owner or obj["metadata"]["name"]
-    return str(obj["metadata"]["name"])
-
-
-class Timeline:
-    """Watches the namespace's Jobs, Pods and Workloads on the manager (M) and the worker
-    (W), prints each change with the seconds since it started, keeps the latest of each."""
-
-    def __init__(self, clusters: dict[str, LocalCluster], namespace: str) -> None:
-        self.clusters, self.namespace = clusters, namespace
-        self.t0 = time.monotonic()
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.printed: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.threads = [threading.Thread(target=self._watch, args=(tag, kind), daemon=True)
-                        for tag in clusters for kind in ("Job", "Pod", "Workload")]
-
-    def __enter__(self) -> Timeline:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        for t in self.threads:
-            t.join(timeout=10)
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def mark(self, what: str) -> float:
-        t = self.now()
-        print(f"  t={t:6.2f}s -- {what}")
-        return t
-
-    def _watch(self, tag: str, kind: str) -> None:
-        api = self.clusters[tag].api_client()
-        try:
-            if kind == "Job":
-                fn, args = client.BatchV1Api(api).list_namespaced_job, (self.namespace,)
-            elif kind == "Pod":
-                fn, args = client.CoreV1Api(api).list_namespaced_pod, (self.namespace,)
-            else:
-                fn = client.CustomObjectsApi(api).list_namespaced_custom_object
-                args = (API_GROUP, "v1beta2", self.namespace, "workloads")
-            rv: str | None = None
-            while not self.stopped.is_set():
-                kwargs: dict[str, Any] = {"timeout_seconds": 1, "deserialize": False}
-                if rv:
-                    kwargs["resource_version"] = rv
-                for ev in watch.Watch().stream(fn, *args, **kwargs):
-                    obj = ev["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    self._record(tag, kind, ev["type"], obj)
-        finally:
-            api.close()
-
-    def _record(self, tag: str, kind: str, event: str, obj: dict[str, Any]) -> None:
-        key = (tag, kind, obj["metadata"]["name"])
-        summary = {"DELETED": True} if event == "DELETED" else _summary(kind, obj)
-        with self.lock:
-            if event == "DELETED":
-                self.objects.pop(key, None)
-            else:
-                self.objects[key] = obj
-            before = self.printed.get(key)
-            if summary == before:
-                return
-            self.printed[key] = summary
-        changed = summary if before is None else {k: v for k, v in summary.items() if before.get(k) != v}
-        label = f"{kind} {obj['metadata']['name']}" if kind == "Job" else f"{kind} of {_job_of(kind, obj)}"
-        print(f"  t={self.now():6.2f}s {tag} {label}: {json.dumps(changed)}")
-
-    def job(self, tag: str, name: str) -> dict[str, Any] | None:
-        with self.lock:
-            return self.objects.get((tag, "Job", name))
-
-    def pods(self, tag: str, job: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [o for (t, k, _), o in self.objects.items() if t == tag and k == "Pod" and _job_of(k, o) == job]
-
-    def workloads(self, tag: str) -> list[dict[str, Any]]:
-        with self.lock:
-            return [o for (t, k, _), o in self.objects.items() if t == tag and k == "Workload"]
-
-    def running_pod(self, tag: str, job: str) -> dict[str, Any] | None:
-        return next((p for p in self.pods(tag, job)
-                     if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")), None)
-
-    def until(self, predicate: Callable[[], Any], timeout: float, what: str) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return self.now()
-            time.sleep(0.05)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def _logs(*managers: KueueManager, lines: int = 25) -> str:
     return "\n".join(f"--- kueue log of {m.cluster.state_dir.name}:\n{m.log_tail(lines)}" for m in managers)
 
@@ -291,29 +164,29 @@ def test_a_job_queued_on_the_manager_runs_on_the_worker_and_mirrors_its_status(
     batch = client.BatchV1Api(cluster.api_client())
     wcore = client.CoreV1Api(worker.api_client())
     print("\n(a)")
-    with Timeline({"M": cluster, "W": worker}, namespace) as tl:
+    with Timeline({"M": cluster, "W": worker}, namespace, _summary) as tl:
         t_create = tl.mark(f"creating {name} on the manager (spec.suspend=true)")
-        created = json.loads(batch.create_namespaced_job(namespace, _job(name, mk.local_queue),
+        created = json.loads(batch.create_namespaced_job(namespace, queued_job(name, mk.local_queue, suspend=True),
                                                          _preload_content=False).data)
         # Kueue's webhook set managedBy: the manager's Job controller never makes its Pods.
         assert created["spec"]["suspend"] is True
         assert created["spec"].get("managedBy") == MULTIKUEUE_MANAGED_BY, created["spec"]
         try:
-            t_wjob = tl.until(lambda: tl.job("W", name), 60, "the Job on the worker")
-            t_wrun = tl.until(lambda: tl.running_pod("W", name), 60, "the worker Pod Running")
-            t_unsuspend = tl.until(lambda: (tl.job("M", name) or {}).get("spec", {}).get("suspend") is False, 30,
+            t_wjob = tl.until(lambda: tl.job(name, "W"), 60, "the Job on the worker")
+            t_wrun = tl.until(lambda: tl.running_pod(name, "W"), 60, "the worker Pod Running")
+            t_unsuspend = tl.until(lambda: (tl.job(name, "M") or {}).get("spec", {}).get("suspend") is False, 30,
                                    "the manager Job unsuspended")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_logs(kueue, worker_kueue)}") from None
-        wjob = tl.job("W", name) or {}
-        pod = tl.running_pod("W", name) or {}
+        wjob = tl.job(name, "W") or {}
+        pod = tl.running_pod(name, "W") or {}
         assert pod["spec"]["nodeName"].startswith(f"{POOL}-")
         assert pod["spec"]["nodeSelector"][POOL_LABEL] == POOL
         assert wjob["metadata"]["labels"].get(MULTIKUEUE_ORIGIN_LABEL), wjob["metadata"]["labels"]
         assert wjob["spec"].get("managedBy") in (None, "kubernetes.io/job-controller")
         time.sleep(1)
-        assert tl.pods("M", name) == [], "a Pod was created on the manager"
-        mjob = tl.job("M", name) or {}
+        assert tl.pods(name, "M") == [], "a Pod was created on the manager"
+        mjob = tl.job(name, "M") or {}
         print(f"(a) manager Job while running: spec.suspend={mjob['spec'].get('suspend')} "
               f"spec.managedBy={mjob['spec'].get('managedBy')} status={json.dumps(mjob.get('status'))}")
         print(f"(a) worker Job labels {wjob['metadata']['labels']}; worker Pod on {pod['spec']['nodeName']}, "
@@ -324,17 +197,17 @@ def test_a_job_queued_on_the_manager_runs_on_the_worker_and_mirrors_its_status(
         t_done = tl.mark(f"completing {name}'s worker Pod")
         _complete_pod(wcore, pod, message='{"result": "ok"}')
         try:
-            t_complete = tl.until(lambda: _is_true(tl.job("M", name), "Complete"), 60, "the manager Job Complete")
+            t_complete = tl.until(lambda: _is_true(tl.job(name, "M"), "Complete"), 60, "the manager Job Complete")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_logs(kueue, worker_kueue)}") from None
         time.sleep(5)  # what happens to the worker's copy once the manager's Job finished
-        mjob = tl.job("M", name) or {}
+        mjob = tl.job(name, "M") or {}
         print(f"(a) manager Job after completion: spec.suspend={mjob['spec'].get('suspend')} "
               f"spec.managedBy={mjob['spec'].get('managedBy')}\n    status={json.dumps(mjob.get('status'))}")
-        print(f"(a) 5 s later: worker Job {'still there' if tl.job('W', name) else 'gone'}, "
-              f"worker Pods {len(tl.pods('W', name))}, manager Pods {len(tl.pods('M', name))}")
+        print(f"(a) 5 s later: worker Job {'still there' if tl.job(name, 'W') else 'gone'}, "
+              f"worker Pods {len(tl.pods(name, 'W'))}, manager Pods {len(tl.pods(name, 'M'))}")
         assert (mjob.get("status") or {}).get("succeeded") == 1
-        assert tl.pods("M", name) == []
+        assert tl.pods(name, "M") == []
         print(f"(a) manager create -> worker Job {t_wjob - t_create:.2f}s -> worker Pod Running "
               f"{t_wrun - t_create:.2f}s (manager Job unsuspended at {t_unsuspend - t_create:.2f}s); "
               f"worker Pod done -> manager Job Complete {t_complete - t_done:.2f}s")
@@ -345,27 +218,27 @@ def test_a_job_not_suspended_by_its_creator_is_dispatched_and_its_deletion_reach
     name = f"mk-{uuid.uuid4().hex[:5]}"
     batch = client.BatchV1Api(cluster.api_client())
     print("\n(b)")
-    with Timeline({"M": cluster, "W": worker}, namespace) as tl:
+    with Timeline({"M": cluster, "W": worker}, namespace, _summary) as tl:
         t_create = tl.mark(f"creating {name} on the manager (spec.suspend=false)")
-        created = json.loads(batch.create_namespaced_job(namespace, _job(name, mk.local_queue, suspend=False),
+        created = json.loads(batch.create_namespaced_job(namespace, queued_job(name, mk.local_queue, suspend=False),
                                                          _preload_content=False).data)
         print(f"(b) stored with spec.suspend={created['spec'].get('suspend')} "
               f"spec.managedBy={created['spec'].get('managedBy')}")
         assert created["spec"]["suspend"] is True  # Kueue's webhook suspended it
         assert created["spec"].get("managedBy") == MULTIKUEUE_MANAGED_BY
         try:
-            t_run = tl.until(lambda: tl.running_pod("W", name), 60, "the worker Pod Running")
+            t_run = tl.until(lambda: tl.running_pod(name, "W"), 60, "the worker Pod Running")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_logs(kueue, worker_kueue)}") from None
-        assert tl.pods("M", name) == []
+        assert tl.pods(name, "M") == []
         print(f"(b) worker Pod Running {t_run - t_create:.2f}s after the creation")
 
         t_del = tl.mark(f"deleting {name} on the manager (propagation Background)")
         batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
         try:
-            t_mgone = tl.until(lambda: tl.job("M", name) is None, 60, "the manager Job gone")
-            t_wjob = tl.until(lambda: tl.job("W", name) is None, 120, "the worker Job gone")
-            t_wpods = tl.until(lambda: not tl.pods("W", name), 60, "the worker Pods gone")
+            t_mgone = tl.until(lambda: tl.job(name, "M") is None, 60, "the manager Job gone")
+            t_wjob = tl.until(lambda: tl.job(name, "W") is None, 120, "the worker Job gone")
+            t_wpods = tl.until(lambda: not tl.pods(name, "W"), 60, "the worker Pods gone")
             t_wwl = tl.until(lambda: not tl.workloads("W"), 60, "the worker Workload gone")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_logs(kueue, worker_kueue)}") from None
@@ -385,25 +258,25 @@ def test_a_failed_worker_pod_fails_the_manager_job_with_a_secret_kubeconfig(
     wcore = client.CoreV1Api(worker.api_client())
     print("\n(c)")
     try:
-        with Timeline({"M": cluster, "W": worker}, namespace) as tl:
+        with Timeline({"M": cluster, "W": worker}, namespace, _summary) as tl:
             t_create = tl.mark(f"creating {name} on the manager")
-            batch.create_namespaced_job(namespace, _job(name, q.local_queue))
+            batch.create_namespaced_job(namespace, queued_job(name, q.local_queue))
             try:
-                t_run = tl.until(lambda: tl.running_pod("W", name), 60, "the worker Pod Running")
-                pod = tl.running_pod("W", name) or {}
+                t_run = tl.until(lambda: tl.running_pod(name, "W"), 60, "the worker Pod Running")
+                pod = tl.running_pod(name, "W") or {}
                 t_done = tl.mark(f"failing {name}'s worker Pod (exit 1)")
                 _complete_pod(wcore, pod, message='{"error": "boom"}', exit_code=1)
-                t_failed = tl.until(lambda: _is_true(tl.job("M", name), "Failed"), 60, "the manager Job Failed")
+                t_failed = tl.until(lambda: _is_true(tl.job(name, "M"), "Failed"), 60, "the manager Job Failed")
             except AssertionError as exc:
                 raise AssertionError(f"{exc}\n{_logs(kueue, worker_kueue)}") from None
             time.sleep(3)
-            mjob = tl.job("M", name) or {}
+            mjob = tl.job(name, "M") or {}
             print(f"(c) manager Job after the failure: spec.suspend={mjob['spec'].get('suspend')}\n"
                   f"    status={json.dumps(mjob.get('status'))}")
-            print(f"(c) 3 s later: worker Job {'still there' if tl.job('W', name) else 'gone'}, "
-                  f"manager Pods {len(tl.pods('M', name))}")
+            print(f"(c) 3 s later: worker Job {'still there' if tl.job(name, 'W') else 'gone'}, "
+                  f"manager Pods {len(tl.pods(name, 'M'))}")
             assert (mjob.get("status") or {}).get("failed") == 1
-            assert tl.pods("M", name) == []
+            assert tl.pods(name, "M") == []
             print(f"(c) worker Pod Running {t_run - t_create:.2f}s after the creation; worker Pod failed -> "
                   f"manager Job Failed {t_failed - t_done:.2f}s")
     finally:

@@ -413,6 +413,21 @@ class Queues:
     namespace: str
 
 
+def _queues(q: Queues, cpu: str, memory: str, gpus: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ClusterQueue (a quota of ``q.flavor``, open to every namespace; ``extra``: more of
+    its spec) and the LocalQueue of ``q``."""
+    quota = [{"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": memory},
+             {"name": GPU_RESOURCE, "nominalQuota": gpus}]
+    return [
+        {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": q.cluster_queue},
+         "spec": {"namespaceSelector": {}, **extra, "resourceGroups": [{
+             "coveredResources": ["cpu", "memory", GPU_RESOURCE],
+             "flavors": [{"name": q.flavor, "resources": quota}]}]}},
+        {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": {"name": q.local_queue, "namespace": q.namespace},
+         "spec": {"clusterQueue": q.cluster_queue}},
+    ]
+
+
 def apply_queues(cluster: LocalCluster, namespace: str, *, name: str = "gpu", pool: str = "a100",
                  gpus: int = 1, cpu: str = "64", memory: str = "256Gi", flavor: str | None = None,
                  preemption: str = "LowerPriority", timeout: float = 60.0) -> Queues:
@@ -428,21 +443,7 @@ def apply_queues(cluster: LocalCluster, namespace: str, *, name: str = "gpu", po
     docs = [
         {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": q.flavor},
          "spec": {"nodeLabels": {POOL_LABEL: pool}}},
-        {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": q.cluster_queue},
-         "spec": {
-             "namespaceSelector": {},
-             "preemption": {"withinClusterQueue": preemption},
-             "resourceGroups": [{
-                 "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                 "flavors": [{"name": q.flavor, "resources": [
-                     {"name": "cpu", "nominalQuota": cpu},
-                     {"name": "memory", "nominalQuota": memory},
-                     {"name": GPU_RESOURCE, "nominalQuota": gpus},
-                 ]}],
-             }],
-         }},
-        {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": {"name": q.local_queue, "namespace": namespace},
-         "spec": {"clusterQueue": q.cluster_queue}},
+        *_queues(q, cpu, memory, gpus, {"preemption": {"withinClusterQueue": preemption}}),
     ]
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=fleettune-kueue", "-f", "-",
                     input=yaml.safe_dump_all(docs, sort_keys=False))
@@ -547,21 +548,7 @@ def apply_multikueue(manager: LocalCluster, workers: dict[str, LocalCluster], na
          "spec": {"controllerName": MULTIKUEUE_CONTROLLER,
                   "parameters": {"apiGroup": API_GROUP, "kind": "MultiKueueConfig", "name": q.config}}},
         {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": q.flavor}, "spec": {}},
-        {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": q.cluster_queue},
-         "spec": {
-             "namespaceSelector": {},
-             "admissionChecksStrategy": {"admissionChecks": [{"name": q.admission_check}]},
-             "resourceGroups": [{
-                 "coveredResources": ["cpu", "memory", GPU_RESOURCE],
-                 "flavors": [{"name": q.flavor, "resources": [
-                     {"name": "cpu", "nominalQuota": cpu},
-                     {"name": "memory", "nominalQuota": memory},
-                     {"name": GPU_RESOURCE, "nominalQuota": gpus},
-                 ]}],
-             }],
-         }},
-        {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": {"name": q.local_queue, "namespace": namespace},
-         "spec": {"clusterQueue": q.cluster_queue}},
+        *_queues(q, cpu, memory, gpus, {"admissionChecksStrategy": {"admissionChecks": [{"name": q.admission_check}]}}),
     ]
     manager.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=fleettune-kueue", "-f", "-",
                     input=yaml.safe_dump_all(docs, sort_keys=False))
