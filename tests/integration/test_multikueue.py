@@ -260,7 +260,7 @@ def test_a_failed_worker_pod_fails_the_manager_job_with_a_secret_kubeconfig(
     try:
         with Timeline({"M": cluster, "W": worker}, namespace, _summary) as tl:
             t_create = tl.mark(f"creating {name} on the manager")
-            batch.create_namespaced_job(namespace, queued_job(name, q.local_queue))
+            batch.create_namespaced_job(namespace, queued_job(name, q.local_queue, suspend=True))
             try:
                 t_run = tl.until(lambda: tl.running_pod(name, "W"), 60, "the worker Pod Running")
                 pod = tl.running_pod(name, "W") or {}
