@@ -10,7 +10,8 @@ gives one record per configuration, stored together.
 A Job suspended again after its Pod ran (Kueue preempted it) is waiting, not failing: the
 answers its Pod wrote are kept; the configurations it did not answer are handed back to
 its pool (`Plan.requeue`) and the Job is deleted, so that a re-admission never measures the
-answered ones twice. A preempted Pod that wrote nothing leaves its Job waiting for Kueue.
+answered ones twice. A preempted one-configuration Job, whose Pod ended without a verdict,
+stays: Kueue runs it again once it re-admits it.
 """
 
 from __future__ import annotations

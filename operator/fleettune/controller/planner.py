@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from fleettune.admission import TrialPolicy
-from fleettune.api import TuningRunSpec, TuningRunStatus
+from fleettune.api import QueueSpec, TuningRunSpec, TuningRunStatus
 from fleettune.controller.fleet import (
     DEFAULT_NODE_WAIT_S,
     PENDING_WITHOUT_NODES,
@@ -278,10 +278,14 @@ class Planner:
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
                 self._advance(pool, running.setdefault(pool.key, []), records, obs, plan)
-        policy = self.policy or TrialPolicy.from_env()
-        queues = {key: queue_of(self.spec, pool.spec, policy) for key, pool in self.pools.items()}
+        queues = {key: self._queue(pool) for key, pool in self.pools.items()}
         plan.report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
         return plan
+
+    def _queue(self, pool: Pool) -> QueueSpec | None:
+        """The Kueue queue of the pool's trial Jobs (`jobs.queue_of`)."""
+        assert self.spec is not None
+        return queue_of(self.spec, pool.spec, self.policy or TrialPolicy.from_env())
 
     def _set_up_pools(self, obs: Observed) -> Report | None:
         assert self.spec is not None
@@ -373,7 +377,7 @@ class Planner:
             return
         parallel = budget.parallelism if pool.nodes_missing_since is None else PENDING_WITHOUT_NODES
         slots = parallel - len(running)
-        if queue_of(self.spec, pool.spec, self.policy or TrialPolicy.from_env()) is not None:
+        if self._queue(pool) is not None:
             waiting = sum(map(suspended, running))
             slots = queue_slots(slots, len(running) - waiting, waiting)
         left = budget.trials_per_target - observations - len(in_flight)
