@@ -190,3 +190,28 @@ def test_the_charts_kueue_set_up_is_accepted_by_kueue_and_admits_a_run(cluster, 
         cluster.kubectl("delete", "jobs", "--all", "-n", namespace, "--wait=false", check=False)
         cluster.kubectl("delete", "localqueue", "chart-tuning", "-n", namespace, "--wait=false", check=False)
         cluster.kubectl("delete", "clusterqueue", "chart-tuning", "--wait=false", check=False)
+
+
+def test_a_queue_that_admits_nothing_is_reported_and_nothing_fails(cluster, namespace, operator, kueue):
+    """A LocalQueue that does not exist (a typo, or Kueue not set up for the namespace): the
+    Jobs wait, suspended; past maxWaitSeconds the run says so, naming the queue; nothing is
+    recorded, nothing counted as failed."""
+    doc = _queued_run("typo", {"name": "gpu-tunning", "maxWaitSeconds": 10}, trialsPerTarget=4, parallelism=2)
+    assert apply(cluster, namespace, doc).returncode == 0
+
+    def delayed() -> dict[str, Any] | None:
+        status = get_run(cluster, namespace, "typo").get("status") or {}
+        cond = next((c for c in status.get("conditions") or [] if c["type"] == "QueueDelayed"), None)
+        return status if cond and cond["status"] == "True" else None
+
+    status = wait_for(delayed, 90, "QueueDelayed=True", interval=1.0)
+    cond = next(c for c in status["conditions"] if c["type"] == "QueueDelayed")
+    assert cond["reason"] == "QueueWaitExceeded" and "LocalQueue gpu-tunning" in cond["message"], cond
+    target = status["targets"][0]
+    assert (target["queued"], target["podsQueued"], target["running"]) == (1, 1, 0), target
+    assert status["phase"] == "Running" and target["infraFailed"] == 0
+    assert not stored_records(cluster, namespace, "typo")
+    jobs = json.loads(cluster.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
+    assert len(jobs) == 1 and jobs[0]["spec"]["suspend"] is True
+    assert not json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    cluster.kubectl("delete", "tuningrun", "typo", "-n", namespace, "--wait=false")
