@@ -71,13 +71,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             pytest.skip(_build_error.removeprefix("skip: "))
         pytest.fail(_build_error, pytrace=False)
     c = LocalCluster(tmp_path_factory.mktemp("cluster"), default_fleet(), die_with_parent=True)
-    try:
-        c.up(progress=_progress)
-    except BaseException:
-        c.down()
-        raise
-    yield c
-    c.down()
+    with c.session(_progress):
+        yield c
 
 
 @pytest.fixture(scope="session")

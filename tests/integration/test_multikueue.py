@@ -64,13 +64,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory, kueue: KueueManager) -> Ite
     """A second control plane with the a100 pool's nodes only, torn down at the end."""
     fleet = Fleet(pools=[default_fleet().pool(POOL)])
     c = LocalCluster(tmp_path_factory.mktemp("worker"), fleet, die_with_parent=True)
-    try:
-        c.up(progress=_progress)
-    except BaseException:
-        c.down()
-        raise
-    yield c
-    c.down()
+    with c.session(_progress):
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ are recorded the same way, so ``fleettune cluster down`` stops them with the con
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import ssl
@@ -18,7 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,16 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.down()
+
+    @contextlib.contextmanager
+    def session(self, progress: Progress | None = None) -> Iterator[LocalCluster]:
+        """Up for the block and down after it, also when it fails to start (a test session's
+        cluster, a second cluster of a module)."""
+        try:
+            self.up(progress)
+            yield self
+        finally:
+            self.down()
 
     def up(self, progress: Progress | None = None) -> None:
         """Start whatever is not running (all of it on first use) and the fleet's nodes.
