@@ -19,12 +19,14 @@ thread, so that a slow apiserver slows the runs down instead of piling up finish
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config, watch
@@ -63,9 +65,6 @@ def load_workers(directory: str | None = None) -> dict[str, client.ApiClient]:
     file, or a folder holding a file ``kubeconfig`` (a mounted Secret), named by the entry.
     MultiKueue mirrors a worker's Job status, not its Pods: the operator reads a dispatched
     trial's Pod, and the pool's nodes, from the worker itself. Unset: none."""
-    import os
-    from pathlib import Path
-
     root = directory if directory is not None else os.environ.get(WORKER_KUBECONFIGS_ENV, "").strip()
     if not root:
         return {}
@@ -101,6 +100,7 @@ def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
 
 class Kube:
     DELETERS = 8  # background deletion threads
+    WORKER_NODES_MAX_AGE_S = 10.0  # how long the MultiKueue workers' nodes, as listed, serve every run
 
     def __init__(self, api: client.ApiClient | None = None, job_cache: WatchCache | None = None,
                  node_cache: WatchCache | None = None, background_deletes: bool = False,
@@ -110,6 +110,7 @@ class Kube:
         self.remote_pods = RemotePods()
         self._watched: set[str] = set()  # namespaces whose trial Pods are watched in every worker
         self._watch_lock = threading.Lock()
+        self._worker_nodes: tuple[float, list[dict[str, Any]]] | None = None  # (monotonic time, nodes)
         self.job_cache = job_cache
         self.node_cache = node_cache
         self.ended_pods = ended_pods
@@ -183,8 +184,17 @@ class Kube:
 
     def list_fleet_nodes(self) -> list[dict[str, Any]]:
         """This cluster's nodes and the worker clusters' (named ``WORKER/NODE``), whose pools a
-        run tunes through MultiKueue; a worker that does not answer is left out and logged."""
-        nodes = list(self.list_nodes(""))
+        run tunes through MultiKueue; a worker that does not answer is left out and logged.
+        The workers' nodes are listed at most every WORKER_NODES_MAX_AGE_S for all runs
+        together (no watch there). The bodies may be shared: do not modify them."""
+        return [*self.list_nodes(""), *self._list_worker_nodes()]
+
+    def _list_worker_nodes(self) -> list[dict[str, Any]]:
+        cached = self._worker_nodes
+        if not self.workers or (cached is not None and time.monotonic() - cached[0] < self.WORKER_NODES_MAX_AGE_S):
+            return cached[1] if cached is not None else []
+        started = time.monotonic()
+        nodes: list[dict[str, Any]] = []
         for name, api in self.workers.items():
             try:
                 remote = self._items(client.CoreV1Api(api).list_node(_preload_content=False))
@@ -194,6 +204,7 @@ class Kube:
             for node in remote:
                 node["metadata"]["name"] = f"{name}/{node['metadata']['name']}"
             nodes += remote
+        self._worker_nodes = (started, nodes)
         return nodes
 
     def ended_pod(self, namespace: str, job: Mapping[str, Any]) -> dict[str, Any] | None:
