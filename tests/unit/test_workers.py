@@ -37,7 +37,7 @@ def test_a_setting_that_is_not_a_folder_is_an_error_naming_it(tmp_path: Path) ->
 
 
 def test_a_workers_ended_trial_pod_is_kept_by_job_name_until_forgotten() -> None:
-    from fleettune.controller.watch import RemotePods
+    from fleettune.controller.watch import EndedPods, job_name_of
     from fleettune_job.protocol import CONTAINER_NAME
 
     def pod(phase: str, code: int | None) -> dict:
@@ -46,10 +46,10 @@ def test_a_workers_ended_trial_pod_is_kept_by_job_name_until_forgotten() -> None
         return {"metadata": {"name": "p", "namespace": "ns", "labels": labels},
                 "status": {"phase": phase, "containerStatuses": [{"name": CONTAINER_NAME, "state": state}]}}
 
-    kept = RemotePods()
-    assert not kept.observe(pod("Running", None)) and kept.get("ns", "conv-a100-0003") is None
-    assert not kept.observe(pod("Failed", 137))  # not decisive for a one-configuration trial: the Job may retry
-    assert kept.observe(pod("Succeeded", 0)) and not kept.observe(pod("Succeeded", 0))
+    kept = EndedPods(key=job_name_of)
+    assert not kept.observe(None, pod("Running", None)) and kept.get("ns", "conv-a100-0003") is None
+    assert not kept.observe(None, pod("Failed", 137))  # not decisive for a one-configuration trial: the Job may retry
+    assert kept.observe(None, pod("Succeeded", 0)) and not kept.observe(None, pod("Succeeded", 0))
     assert kept.get("ns", "conv-a100-0003")["status"]["phase"] == "Succeeded"
-    kept.forget("ns", "conv-a100-0003")
+    kept.job_deleted("ns", "conv-a100-0003")
     assert kept.get("ns", "conv-a100-0003") is None

@@ -33,7 +33,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
-from fleettune.controller.watch import EndedPods, RemotePods, WatchCache, parse_selector
+from fleettune.controller.watch import EndedPods, WatchCache, job_name_of, parse_selector
 from fleettune.kubeapi import manifest, raw_json
 from fleettune.labels import JOB_NAME_LABEL, MANAGED_BY, MANAGER
 from fleettune.names import bounded
@@ -107,7 +107,7 @@ class Kube:
                  ended_pods: EndedPods | None = None, workers: Mapping[str, client.ApiClient] | None = None) -> None:
         self.api = api or load_api_client()
         self.workers = dict(workers or {})  # MultiKueue worker clusters, by name (`load_workers`)
-        self.remote_pods = RemotePods()
+        self.remote_pods = EndedPods(key=job_name_of)  # the workers' trial Pods, by Job name
         self._watched: set[str] = set()  # namespaces whose trial Pods are watched in every worker
         self._watch_lock = threading.Lock()
         self._worker_nodes: tuple[float, list[dict[str, Any]]] | None = None  # (monotonic time, nodes)
@@ -233,13 +233,13 @@ class Kube:
                 listed = raw_json(core.list_namespaced_pod(namespace, label_selector=selector,
                                                            _preload_content=False))
                 for pod in listed["items"]:
-                    self.remote_pods.observe(pod)
+                    self.remote_pods.observe(None, pod)
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
                 for event in watch.Watch().stream(core.list_namespaced_pod, namespace, label_selector=selector,
                                                   resource_version=rv, timeout_seconds=300, deserialize=False):
                     obj = event.get("raw_object") or event.get("object")
                     if isinstance(obj, dict) and obj.get("kind") != "Status":
-                        self.remote_pods.observe(obj)
+                        self.remote_pods.observe(None, obj)
             except Exception as exc:  # a worker away, a watch expired: list again shortly
                 log.warning("worker cluster %s: watching trial Pods in %s: %s", name, namespace,
                             bounded(str(exc), 300))
@@ -289,7 +289,8 @@ class Kube:
             self.job_cache.deleted(namespace, name)
 
     def _delete_job(self, namespace: str, name: str) -> None:
-        self.remote_pods.forget(namespace, name)
+        if self.workers:
+            self.remote_pods.job_deleted(namespace, name)
         try:
             # Read the (unparsed) answer: an unread response never gives its connection back
             # to the pool, and every later call would open (and TLS-handshake) a new one.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleettune.results import decisive_end
@@ -174,6 +174,12 @@ class WatchCache:
             self._listed[(namespace, selector)] = started
 
 
+def job_name_of(pod: Mapping[str, Any]) -> str | None:
+    """The name of the Job a Pod belongs to (the Job controller's label)."""
+    name = ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-name")
+    return str(name) if name else None
+
+
 def _owning_job_uid(pod: Mapping[str, Any]) -> str | None:
     for owner in (pod.get("metadata") or {}).get("ownerReferences") or []:
         if owner.get("kind") == "Job" and owner.get("uid"):
@@ -197,11 +203,19 @@ class EndedPods:
     never delivered.
 
     Thread-safe: fed from the event loop, read from worker threads.
+
+    ``key=job_name_of``: the Pods of MultiKueue worker clusters, by Job *name* (docs/kueue.md).
+    A worker's copy of a trial Job has the manager's Job's name, not its uid, and Kueue
+    deletes that copy, Pods included, 0.05–0.1 s after it mirrored the Job's end onto the
+    manager's Job (measured): a run reading the Pods only then would find none, so the
+    operator watches the workers' trial Pods into one of these. Names are not reused: a
+    trial index is never measured twice.
     """
 
     MAX_ENTRIES = 20_000
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[Mapping[str, Any]], str | None] | None = None) -> None:
+        self._key = key or _owning_job_uid
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._gone: dict[tuple[str, str], None] = {}  # deleted Jobs, oldest first (an ordered set)
@@ -209,7 +223,7 @@ class EndedPods:
     def observe(self, event_type: str | None, pod: Mapping[str, Any]) -> bool:
         """A Pod watch event; True when it newly shows a decisive end (worth waking the run).
         A DELETED event carries the Pod's last state: read like any other."""
-        job_uid = _owning_job_uid(pod)
+        job_uid = self._key(pod)
         if job_uid is None:
             return False
         key = ((pod.get("metadata") or {}).get("namespace") or "", job_uid)
@@ -239,41 +253,3 @@ class EndedPods:
     def __len__(self) -> int:
         return len(self._pods)
 
-
-class RemotePods:
-    """Ended trial Pods of MultiKueue worker clusters, by namespace and Job name (docs/kueue.md).
-
-    A worker's copy of a trial Job has the manager's Job's name, not its uid, and Kueue
-    deletes that copy, Pods included, as soon as it has mirrored the Job's end onto the
-    manager's Job (0.05–0.1 s later, measured): a run reading the Pods only then would find
-    none. So each worker's trial Pods are watched, and the last state of every one that
-    ended decisively is kept here until its Job goes. Thread-safe; bounded like EndedPods.
-    """
-
-    MAX_ENTRIES = 20_000
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def observe(self, pod: Mapping[str, Any]) -> bool:
-        meta = pod.get("metadata") or {}
-        job = (meta.get("labels") or {}).get("batch.kubernetes.io/job-name")
-        if not job or not decisive_end(dict(pod)):
-            return False
-        with self._lock:
-            key = (meta.get("namespace") or "", str(job))
-            if key in self._pods:
-                return False
-            if len(self._pods) >= self.MAX_ENTRIES:
-                del self._pods[next(iter(self._pods))]
-            self._pods[key] = dict(pod)
-            return True
-
-    def get(self, namespace: str, job: str) -> dict[str, Any] | None:
-        with self._lock:
-            return self._pods.get((namespace, job))
-
-    def forget(self, namespace: str, job: str) -> None:
-        with self._lock:
-            self._pods.pop((namespace, job), None)
