@@ -49,7 +49,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fleettune.api import TuningRunSpec
+from fleettune.api import DNS_LABEL, TuningRunSpec
 from fleettune.names import bounded
 
 ALLOW_PRIVILEGED_ENV = "FLEETTUNE_ALLOW_PRIVILEGED_TRIALS"
@@ -68,7 +68,7 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(DNS_LABEL)  # a LocalQueue name, as spec.queue.name takes it
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
