@@ -110,7 +110,11 @@ def test_operator_killed_three_times_including_during_a_job_burst(cluster, names
         run = wait_phase(cluster, namespace, "kills", 420, operator)
         time.sleep(0.5)
     assert run["status"]["phase"] == "Succeeded", run["status"]
-    assert burst < 3 * parallelism, f"the first kill came after the burst ({burst} Jobs): not a burst test"
+    # The first kill comes as soon as a poll sees a Job of the opening burst. The operator
+    # creates the burst's Jobs concurrently, so one poll may already see all of them: the kill
+    # then lands right after the burst, before the operator has recorded anything of it,
+    # which the adoption below must survive just the same.
+    assert 1 <= burst <= 3 * parallelism, f"the first kill came after more than the opening burst ({burst} Jobs)"
     assert not ledger.recreated(), f"Jobs created twice under the same name: {ledger.recreated()}"
 
     records = stored_records(cluster, namespace, "kills")
