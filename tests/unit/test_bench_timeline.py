@@ -15,9 +15,12 @@ import pytest
 
 from fleettune_dev.bench.timeline import (
     DEFAULT_SPACES,
+    FLEET_MODES,
     FleetModel,
     KernelTunerCache,
     Run,
+    clairvoyant_s,
+    compare,
     load_timed_space,
     main,
     plan_pod,
@@ -25,6 +28,7 @@ from fleettune_dev.bench.timeline import (
     run_kernel_tuner,
     run_metrics,
     simulate_fleet,
+    startup_draws,
 )
 from fleettune_dev.sim.startup import PodStartup
 
@@ -220,6 +224,38 @@ def test_stop_at_ends_the_run_when_reached(ts) -> None:
     assert optimum / best[-1] >= 0.99
     assert not (optimum / best[:-1] >= 0.99).any()
     assert run.end == run.times[-1]
+
+
+@pytest.mark.parametrize("gpus", [1, 3])
+def test_no_run_beats_the_clairvoyant_floor(ts, gpus) -> None:
+    model = FleetModel(PodStartup(2.0, 5.0), cpus=4)
+    good = ts.replay.time_ms <= ts.replay.optimum / 0.95
+    cheapest = float((ts.compile_s + ts.gpu_s())[good].min())
+    assert 0 < cheapest < float((ts.compile_s + ts.gpu_s())[~np.isnan(ts.replay.time_ms)].max())
+    for seed in range(3):
+        rng = startup_draws(seed)
+        first = min(model.startup.at(float(rng.standard_normal())) for _ in range(gpus))
+        floor = clairvoyant_s(ts, model, gpus, seed)
+        assert floor == pytest.approx(first + cheapest)
+        for mode in FLEET_MODES:
+            run = simulate_fleet(ts, mode, gpus, seed, 40, model, strategy="random", clock=ticking(0.0))
+            got = reach(run, ts.replay.optimum, 0.95)
+            assert got is not None and got["wall_s"] >= floor - 1e-9
+    # More GPUs start more Pods at once: the floor can only fall.
+    assert clairvoyant_s(ts, model, 8, 0) <= clairvoyant_s(ts, model, 1, 0)
+
+
+def test_compare_shows_each_ratio_against_the_clairvoyant_floor() -> None:
+    def summary(mode: str, wall: float) -> dict:
+        return {"space": "s", "mode": mode, "gpus": 1, "seeds": 2, "wall_s_to_0.95": wall, "reached_0.95": 2,
+                "gpu_s_to_0.95": wall, "evals_to_0.95": 10.0, "gpu_s_per_eval": 1.0, "gpu_s_per_eval_bound": 2.0}
+
+    rows = [summary("batch", 30.0), summary("kernel_tuner:random_sample", 60.0), summary("kernel_tuner:x", 80.0)]
+    entry = compare(rows, [1], {("s", 1): 12.0})["per_gpus"]["1"]
+    assert entry["rows"][0]["wall_ratio"] == pytest.approx(0.5)
+    assert entry["rows"][0]["clairvoyant_ratio"] == pytest.approx(0.2)  # against the best Kernel Tuner strategy
+    assert entry["mean_clairvoyant_ratio"] == pytest.approx(0.2)
+    assert math.isnan(compare(rows, [1])["per_gpus"]["1"]["mean_clairvoyant_ratio"])
 
 
 def test_reach_counts_what_is_known_at_the_time() -> None:

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,26 @@ def _observe(study: Any, replay: Replay, config: dict[str, Any], c: int) -> floa
     return math.nan
 
 
+def startup_draws(seed: int) -> np.random.Generator:
+    """The normal draws behind a seed's Pod start-ups, one per Pod in launch order.
+    Common random numbers: every mode and pool size of a seed draws the same start-ups."""
+    return np.random.default_rng([seed, 0x57A27])
+
+
+def clairvoyant_s(ts: TimedSpace, model: FleetModel, gpus: int, seed: int, level: float = 0.95) -> float:
+    """Seconds until a tuner that knew the answer would know a configuration at ``level``
+    of the optimum: the first of the pool's opening Pods to finish its start-up (the
+    seed's own draws) compiles and measures the cheapest such configuration alone.
+
+    No tuner does better under the model, so a wall-clock target below this bound's mean
+    ratio cannot be met, and one just above it leaves a real tuner no room to search."""
+    r = ts.replay
+    good = np.nan_to_num(r.time_ms, nan=np.inf) <= r.optimum / level
+    cheapest = float((ts.compile_s + ts.gpu_s(model.framework_on_gpu))[good].min())
+    rng = startup_draws(seed)
+    return min(model.startup.at(float(rng.standard_normal())) for _ in range(gpus)) + cheapest
+
+
 def simulate_fleet(
     ts: TimedSpace,
     mode: str,
@@ -261,8 +281,7 @@ def simulate_fleet(
     lookup = study.candidates.lookup
     gpu_s = ts.gpu_s(model.framework_on_gpu)
     failed = ts.compile_failed
-    # Common random numbers: every mode and pool size of a seed draws the same start-ups.
-    rng = np.random.default_rng([seed, 0x57A27])
+    rng = startup_draws(seed)
     budget = min(budget, len(replay.rows))
     run = Run(ts.name, mode, gpus, seed, np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), [], 0.0)
     times: list[float] = []
@@ -659,9 +678,11 @@ def format_space_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def compare(summaries: Sequence[dict[str, Any]], gpus: Sequence[int]) -> dict[str, Any]:
+def compare(summaries: Sequence[dict[str, Any]], gpus: Sequence[int],
+            clairvoyant: Mapping[tuple[str, int], float] | None = None) -> dict[str, Any]:
     """fleettune's batched Pods against Kernel Tuner's best strategy, per space and pool
-    size, and the targets of issue #17."""
+    size, and the targets of issue #17. ``clairvoyant``: mean `clairvoyant_s` per (space,
+    GPUs), the floor each wall-clock ratio is shown against."""
     by_space: dict[str, dict[str, dict[str, Any]]] = {}
     for s in summaries:
         by_space.setdefault(s["space"], {})[_label(s)] = s
@@ -676,6 +697,7 @@ def compare(summaries: Sequence[dict[str, Any]], gpus: Sequence[int]) -> dict[st
             kt_wall = min(kt, key=lambda s: s["wall_s_to_0.95"])
             kt_gpu = min(kt, key=lambda s: s["gpu_s_to_0.95"])
             pod = modes.get(f"pod ×{g}")
+            floor = (clairvoyant or {}).get((space, g), math.nan)
             rows.append({
                 "space": space,
                 "batch_wall_s": ours["wall_s_to_0.95"], "batch_reached": ours["reached_0.95"],
@@ -684,6 +706,7 @@ def compare(summaries: Sequence[dict[str, Any]], gpus: Sequence[int]) -> dict[st
                 "kt_best": kt_wall["mode"][len(KT_PREFIX):], "kt_wall_s": kt_wall["wall_s_to_0.95"],
                 "kt_reached": kt_wall["reached_0.95"], "seeds": ours["seeds"],
                 "wall_ratio": ours["wall_s_to_0.95"] / kt_wall["wall_s_to_0.95"],
+                "clairvoyant_s": floor, "clairvoyant_ratio": floor / kt_wall["wall_s_to_0.95"],
                 "batch_gpu_s": ours["gpu_s_to_0.95"], "kt_best_gpu": kt_gpu["mode"][len(KT_PREFIX):],
                 "kt_gpu_s": kt_gpu["gpu_s_to_0.95"],
                 "gpu_ok": ours["gpu_s_to_0.95"] <= kt_gpu["gpu_s_to_0.95"],
@@ -704,6 +727,7 @@ def compare(summaries: Sequence[dict[str, Any]], gpus: Sequence[int]) -> dict[st
                                  "total_wall_ratio": sum(r["batch_wall_s"] for r in rows)
                                  / sum(r["kt_wall_s"] for r in rows),
                                  "mean_pod_ratio": _mean(r["pod_ratio"] for r in rows),
+                                 "mean_clairvoyant_ratio": _mean(r["clairvoyant_ratio"] for r in rows),
                                  "total_gpu_ratio": sum(r["batch_gpu_s"] for r in rows)
                                  / sum(r["kt_gpu_s"] for r in rows),
                                  "gpu_never_more": all(r["gpu_ok"] for r in rows),
@@ -742,10 +766,17 @@ def format_summary(cmp: dict[str, Any], spaces: dict[str, TimedSpace], model: Fl
                      f"{entry['geomean_wall_ratio']:.3f}, ratio of totals {entry['total_wall_ratio']:.3f}"
                      + (f"; one configuration per Pod (pod mode): mean {pod:.3f}" if math.isfinite(pod) else ""))
         lines.append(f"* GPU-seconds to 0.95, ratio of totals over the spaces: {entry['total_gpu_ratio']:.3f}")
+        floor = entry["mean_clairvoyant_ratio"]
+        if math.isfinite(floor):
+            lines.append(f"* a tuner that knew the answer (the first Pod's start-up, then the cheapest configuration "
+                         f"at 0.95 alone): mean ratio {floor:.3f}; per space "
+                         + ", ".join(f"{r['space'].split('.')[0]} {r['clairvoyant_ratio']:.3f}" for r in entry["rows"]))
         if "wall_ratio_target" in entry:
             lines.append(f"* target: wall-clock to 0.95 ≤ {entry['wall_ratio_target']:.3g} × Kernel Tuner's best, "
                          f"mean over spaces: {entry['mean_wall_ratio']:.3f} — "
-                         f"{'met' if entry['wall_ratio_met'] else 'MISSED'}")
+                         f"{'met' if entry['wall_ratio_met'] else 'MISSED'}"
+                         + (f" (the clairvoyant floor is {floor:.3f}: the target leaves "
+                            f"{entry['wall_ratio_target'] / floor:.2f}× of it)" if math.isfinite(floor) else ""))
         lines.append("* target: GPU-seconds to 0.95 never more than Kernel Tuner's best: "
                      + ("met" if entry["gpu_never_more"] else "MISSED on " + ", ".join(entry["gpu_misses"])))
         lines.append(f"* target: GPU-seconds per evaluation ≤ {GPU_S_PER_EVAL_FACTOR} × recorded verification + "
@@ -929,7 +960,9 @@ def main(argv: list[str]) -> int:
         rows = [s for s in summaries if s["space"] == Path(path).name]
         rows.sort(key=lambda s: (s["mode"].startswith(KT_PREFIX), s["mode"], s["gpus"]))
         print(format_space_table(rows) + "\n")
-    cmp = compare(summaries, gpus)
+    floors = {(name, g): _mean(clairvoyant_s(ts, model, g, seed) for seed in seeds)
+              for name, ts in spaces.items() for g in gpus}
+    cmp = compare(summaries, gpus, floors)
     print(format_summary(cmp, spaces, model))
     if args.plot:
         for p in save_plots(runs, optima, Path(args.plot)):
