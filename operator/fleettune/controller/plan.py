@@ -66,7 +66,8 @@ class Suggested:
 @dataclass
 class Plan:
     """What the shell does with one step, in this order: store the records; delete
-    `delete_now`; create `create`; delete `delete_after` (Jobs whose records are stored)."""
+    `delete_now`; create `create`; delete `delete_after` (Jobs whose records are stored).
+    With nothing to delete first, `create` goes alongside the store's write."""
 
     records: list[TrialRecord] = field(default_factory=list)
     timings: dict[str, TrialTimings] = field(default_factory=dict)  # by Job name: its Pod's

@@ -23,7 +23,7 @@ from fleettune import GROUP, KIND, VERSION
 from fleettune.admission import TrialPolicy
 from fleettune.api import TuningRunSpec, TuningRunStatus
 from fleettune.controller.kube import Kube
-from fleettune.controller.plan import Observed, Plan, pods_needed
+from fleettune.controller.plan import Job, Observed, Plan, pods_needed
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S, Planner
 from fleettune.controller.publisher import Publisher, entries
 from fleettune.controller.reporting import Report
@@ -130,20 +130,7 @@ class RunLoop:
     # ------------------------------------------------------------------ apply
 
     async def _apply(self, plan: Plan) -> None:
-        if plan.records:  # durable before any Job they came from is deleted
-            stored = await asyncio.to_thread(self.store.append, plan.records)
-            pods: dict[str, str] = {}  # Job name -> pool key, of the Pods whose records were stored
-            for rec in stored:
-                self._recorded(rec)
-                pods[rec.job] = rec.target
-            for job, target in pods.items():
-                timings = plan.timings.get(job, TrialTimings())
-                pool = self.planner.pools.get(target)
-                self.metrics.pod_finished(self.namespace, self.name, target, timings.duration_s,
-                                          timings.queue_wait_s, gpus=pool.spec.gpus if pool else 1,
-                                          admission_wait_s=timings.admission_wait_s)
-        await self._delete_jobs(plan.delete_now)
-        await asyncio.gather(*(asyncio.to_thread(self.kube.create_job, self.namespace, b) for b in plan.create))
+        await self._record_and_launch(plan)
         for s in plan.suggested:
             self.metrics.suggestion_latency(self.namespace, self.name, s.target, s.seconds)
             if s.fit_seconds is not None:
@@ -157,6 +144,37 @@ class RunLoop:
                                          entries(self.planner.pools.values(), self.store.records))
         await self._write_status(plan.report)
 
+    async def _record_and_launch(self, plan: Plan) -> None:
+        """Store the plan's records, delete `delete_now` and create the next trials."""
+        if plan.delete_now:  # their records first, then the deletions, then the next trials
+            await self._store(plan)
+            await self._delete_jobs(plan.delete_now)
+            await self._create_jobs(plan.create)
+        else:
+            # Only deleting a Job must wait for its records to be durable: the next trials
+            # are created alongside the store's write, a round trip sooner on their GPUs.
+            # (A crash in between leaves the finished Jobs, whose records are read again.)
+            for outcome in await asyncio.gather(self._store(plan), self._create_jobs(plan.create),
+                                                return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+
+    async def _store(self, plan: Plan) -> None:
+        """The plan's records, durable before any Job they came from is deleted."""
+        if not plan.records:
+            return
+        stored = await asyncio.to_thread(self.store.append, plan.records)
+        pods: dict[str, str] = {}  # Job name -> pool key, of the Pods whose records were stored
+        for rec in stored:
+            self._recorded(rec)
+            pods[rec.job] = rec.target
+        for job, target in pods.items():
+            timings = plan.timings.get(job, TrialTimings())
+            pool = self.planner.pools.get(target)
+            self.metrics.pod_finished(self.namespace, self.name, target, timings.duration_s,
+                                      timings.queue_wait_s, gpus=pool.spec.gpus if pool else 1,
+                                      admission_wait_s=timings.admission_wait_s)
+
     def _recorded(self, rec: TrialRecord) -> None:
         self.metrics.trial_recorded(self.namespace, self.name, rec.target, rec.outcome.value, rec.run_s)
         self.log.info(
@@ -166,6 +184,9 @@ class RunLoop:
         if not rec.is_observation:
             self.planner.events.append(("Warning", "InfraFailure", f"{rec.target} trial {rec.index}: "
                                         f"{bounded(rec.error, 400) or 'no result'} (retried; not counted as a result)"))
+
+    async def _create_jobs(self, jobs: list[Job]) -> None:
+        await asyncio.gather(*(asyncio.to_thread(self.kube.create_job, self.namespace, b) for b in jobs))
 
     async def _delete_jobs(self, names: list[str]) -> None:
         await asyncio.gather(*(asyncio.to_thread(self.kube.delete_job, self.namespace, n) for n in names))
