@@ -25,6 +25,7 @@ from fleettune_dev.bench.load import (
     pod_waits,
     quantile,
     reaction_latencies,
+    revision,
     run_manifests,
     termination_message,
     trials_per_pod,
@@ -117,10 +118,24 @@ def test_reaction_latency_pairs_each_end_with_the_next_job_of_its_run_and_pool()
         "c": PodTimes("r1", "a100", 11.0, 20.0),  # last one: no next Job
         "d": PodTimes("r2", "a100", 0.0, 10.0),  # another run's Jobs do not count
     }
-    jobs = {"j0": ("r1", "a100", 0.0), "j1": ("r1", "a100", 10.2), "j2": ("r1", "a100", 11.5),
-            "k0": ("r2", "a100", 0.0), "k1": ("r2", "a100", 13.0)}
+    jobs = {"j0": ("r1", "a100", 0.0, None), "j1": ("r1", "a100", 10.2, None), "j2": ("r1", "a100", 11.5, None),
+            "k0": ("r2", "a100", 0.0, None), "k1": ("r2", "a100", 13.0, None)}
     lat = reaction_latencies(pods, jobs)
     assert sorted(round(x, 3) for x in lat["a100"]) == [0.2, 1.0, 3.0]
+
+
+def test_reaction_latency_follows_the_apiservers_order_not_when_the_watches_saw_it():
+    # The operator answered each end within 0.1 s, but the bench's Pod watch lagged 0.3 s
+    # behind its Job watch: by sight, each Job came before the end it answers.
+    ends = [(10.3, 100), (20.3, 200), (30.3, 300)]
+    pods = {f"p{i}": PodTimes("r", "a100", 0.0, seen, finished_rv=rv) for i, (seen, rv) in enumerate(ends)}
+    jobs = {"j0": ("r", "a100", 0.0, 1), **{f"j{i + 1}": ("r", "a100", seen - 0.2, rv + 5)
+                                            for i, (seen, rv) in enumerate(ends)}}
+    assert reaction_latencies(pods, jobs)["a100"] == [0.0, 0.0, 0.0]
+    # By sight alone (no resourceVersions), each end is paired with the next end's Job.
+    blind = {k: (*v[:3], None) for k, v in jobs.items()}
+    assert [round(x, 3) for x in reaction_latencies(pods, blind)["a100"]] == [9.8, 9.8]
+    assert revision({"resourceVersion": "123"}) == 123 and revision({}) is None
 
 
 def test_quantiles_and_utilisation():

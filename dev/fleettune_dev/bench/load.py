@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,7 @@ class PodTimes:
     started: float | None = None
     finished: float | None = None
     created: float | None = None
+    finished_rv: int | None = None  # resourceVersion of the update that ended it
     bound: float | None = None  # first seen with a node
     unschedulable: bool = False  # the scheduler found its pool full at least once
     gpu_busy_s: float | None = None  # GPU time its evaluations reported (None: no readable result)
@@ -145,7 +147,8 @@ class Observer:
 
     api_factory: Any
     pods: dict[str, PodTimes] = field(default_factory=dict)
-    jobs: dict[str, tuple[str, str, float]] = field(default_factory=dict)  # uid -> (run, target, created)
+    # uid -> (run, target, created, resourceVersion when first seen: its creation's, seen ADDED)
+    jobs: dict[str, tuple[str, str, float, int | None]] = field(default_factory=dict)
     jobs_done: dict[str, float] = field(default_factory=dict)  # uid -> when first seen Complete/Failed
     job_of_pod: dict[str, str] = field(default_factory=dict)  # pod uid -> job uid
     errors: list[str] = field(default_factory=list)
@@ -192,7 +195,8 @@ class Observer:
         meta = obj["metadata"]
         labels = meta.get("labels") or {}
         if kind == "jobs":
-            self.jobs.setdefault(meta["uid"], (labels.get(RUN_LABEL, ""), labels.get(TARGET_LABEL, ""), now))
+            self.jobs.setdefault(meta["uid"], (labels.get(RUN_LABEL, ""), labels.get(TARGET_LABEL, ""), now,
+                                               revision(meta)))
             conditions = (obj.get("status") or {}).get("conditions") or []
             if meta["uid"] not in self.jobs_done and any(
                     c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions):
@@ -214,6 +218,7 @@ class Observer:
             times.started = now
         if phase in ("Succeeded", "Failed") and times.finished is None:
             times.finished = now
+            times.finished_rv = revision(meta)
             if times.started is None:
                 times.started = now
             times.gpu_busy_s = gpu_busy_seconds(termination_message(obj))
@@ -286,25 +291,46 @@ def apiserver_requests(api: Any) -> Counter[tuple[str, str]]:
 # ---------------------------------------------------------------------------- analysis
 
 
-def reaction_latencies(pods: dict[str, PodTimes], jobs: dict[str, tuple[str, str, float]]) -> dict[str, list[float]]:
-    """Per pool: each trial Pod's end → the next Job created for the same run and pool (FIFO)."""
-    finishes: dict[tuple[str, str], list[float]] = defaultdict(list)
-    creations: dict[tuple[str, str], list[float]] = defaultdict(list)
+def revision(meta: dict[str, Any]) -> int | None:
+    """An object's resourceVersion as a number: the local etcd's revision, one sequence for
+    every kind, so it orders a Pod's end before the Job created on seeing it."""
+    try:
+        return int(meta.get("resourceVersion") or "")
+    except ValueError:
+        return None
+
+
+def reaction_latencies(pods: dict[str, PodTimes],
+                       jobs: dict[str, tuple[str, str, float, int | None]]) -> dict[str, list[float]]:
+    """Per pool: each trial Pod's end → the next Job created for the same run and pool (FIFO).
+
+    "Next" is in the apiserver's order (resourceVersions) when every end and creation of
+    the run and pool has one, in the order they were seen otherwise; the latency is the
+    time between being seen, at least 0. The bench's Pod and Job watches lag each other
+    under load: a Job the operator created promptly can be seen before the end it answers,
+    and ordering by sight would pair that end with the Job after it, and every later end
+    of the run and pool one Job late too."""
+    finishes: dict[tuple[str, str], list[tuple[float, int | None]]] = defaultdict(list)
+    creations: dict[tuple[str, str], list[tuple[float, int | None]]] = defaultdict(list)
     for p in pods.values():
         if p.finished is not None:
-            finishes[(p.run, p.target)].append(p.finished)
-    for run, target, created in jobs.values():
-        creations[(run, target)].append(created)
+            finishes[(p.run, p.target)].append((p.finished, p.finished_rv))
+    for run, target, created, rv in jobs.values():
+        creations[(run, target)].append((created, rv))
     out: dict[str, list[float]] = defaultdict(list)
     for key, ends in finishes.items():
-        made = sorted(creations.get(key, []))
+        made = creations.get(key, [])
+        causal = all(rv is not None for _, rv in ends + made)
+        order: Callable[[tuple[float, int | None]], float] = (
+            (lambda e: float(e[1] or 0)) if causal else (lambda e: e[0]))
+        made = sorted(made, key=order)
         j = 0
-        for end in sorted(ends):
-            while j < len(made) and made[j] < end:
+        for end in sorted(ends, key=order):
+            while j < len(made) and order(made[j]) < order(end):
                 j += 1
             if j == len(made):
                 break  # the budget is spent: no next Job
-            out[key[1]].append(made[j] - end)
+            out[key[1]].append(max(0.0, made[j][0] - end[0]))
             j += 1
     return out
 
