@@ -1,6 +1,7 @@
-"""The shell's order of writes in one step (`RunLoop._record_and_launch`): a Job is
-deleted only once its records are durable, while the next trials need not wait for the
-store's write."""
+"""The shell's writes in one step: a Job is deleted only once its records are durable,
+while the next trials need not wait for the store's write (`RunLoop._record_and_launch`);
+a busy run's progress is written at most every few seconds, what users and GitOps tools
+act on at once (`RunLoop._due`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from fleettune.controller import tuner
 from fleettune.controller.plan import Plan
-from fleettune.controller.tuner import RunLoop
+from fleettune.controller.tuner import STATUS_INTERVAL_S, RunLoop
 from fleettune.results import TrialRecord
 from fleettune_job.protocol import Outcome
 
@@ -102,3 +104,26 @@ def test_a_failed_store_write_still_fails_the_step() -> None:
         asyncio.run(loop_with(calls, SlowStore(calls, fail=True))._record_and_launch(plan([])))
     # The new Job exists (adopted by the next step); nothing was deleted.
     assert "create t-0001" in calls.log and not any(c.startswith("delete") for c in calls.log)
+
+
+def status(phase: str = "Running", ready: str = "True", trials: int = 3, pool: str = "Running") -> dict[str, Any]:
+    return {"phase": phase, "observedGeneration": 2, "trials": {"recorded": trials},
+            "conditions": [{"type": "Ready", "status": ready, "reason": "Tuning", "message": f"{trials} trials"}],
+            "targets": [{"name": "a100", "phase": pool, "trials": trials}]}
+
+
+def test_progress_is_held_back_what_users_act_on_is_not(monkeypatch) -> None:
+    calls = Calls()
+    loop = loop_with(calls, SlowStore(calls))
+    now = [1000.0]
+    monkeypatch.setattr(tuner.time, "monotonic", lambda: now[0])
+    assert loop._due(status())  # nothing written yet
+    loop.written, loop.written_at = status(), now[0]
+    now[0] += 1.0
+    assert not loop._due(status(trials=4))  # counters and messages wait
+    assert loop._due(status(ready="False", trials=4))  # a condition's status
+    assert loop._due(status(pool="Succeeded", trials=4))  # a pool's phase
+    assert loop._due(status(phase="Succeeded", trials=4))
+    assert loop._due({**status(trials=4), "observedGeneration": 3})  # a new spec seen
+    now[0] += STATUS_INTERVAL_S
+    assert loop._due(status(trials=9))  # at most STATUS_INTERVAL_S behind

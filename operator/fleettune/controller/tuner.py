@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -35,6 +35,10 @@ from fleettune.store import ResultsStore
 
 __all__ = ["RunLoop"]
 
+# Progress in a busy run's status (counters, bests) is written at most this often; the
+# idle wake-up (handlers.IDLE_WAKEUP_S, the same 5 s) writes what a step held back.
+STATUS_INTERVAL_S = 5.0
+
 
 class RunLoop:
     def __init__(
@@ -54,7 +58,9 @@ class RunLoop:
         self.store = ResultsStore(kube.core, self.namespace, self.name, self.uid)
         self.planner = Planner(self.name, self.namespace, self.uid, logger, node_wait_s, policy)
         self.publisher = Publisher(kube, self.namespace, self.name, self.uid, logger)
-        self.last_status: dict[str, Any] | None = None
+        self.last_status: dict[str, Any] | None = None  # computed by the last step (written or held back)
+        self.written: dict[str, Any] | None = None  # the last status written
+        self.written_at = 0.0
         self.loaded = False
 
     @property
@@ -135,8 +141,11 @@ class RunLoop:
             self.metrics.suggestion_latency(self.namespace, self.name, s.target, s.seconds)
             if s.fit_seconds is not None:
                 self.metrics.model_fit_latency(self.namespace, self.name, s.target, s.fit_seconds)
-        # The next trials first: the finished Jobs' records are durable, their deletion can wait.
-        await self._delete_jobs(plan.delete_after)
+        # The next trials first: the finished Jobs' records are durable, their deletion can
+        # wait, and goes alongside the status (a Pod that ends meanwhile waits for both).
+        await _all(self._delete_jobs(plan.delete_after), self._publish_and_report(plan))
+
+    async def _publish_and_report(self, plan: Plan) -> None:
         spec = self.planner.spec
         assert spec is not None and plan.report is not None
         if plan.report.targets:  # publishing first: a refusal shows in the status written just after
@@ -154,10 +163,7 @@ class RunLoop:
             # Only deleting a Job must wait for its records to be durable: the next trials
             # are created alongside the store's write, a round trip sooner on their GPUs.
             # (A crash in between leaves the finished Jobs, whose records are read again.)
-            for outcome in await asyncio.gather(self._store(plan), self._create_jobs(plan.create),
-                                                return_exceptions=True):
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            await _all(self._store(plan), self._create_jobs(plan.create))
 
     async def _store(self, plan: Plan) -> None:
         """The plan's records, durable before any Job they came from is deleted."""
@@ -204,7 +210,8 @@ class RunLoop:
         self.metrics.observe_status(self.namespace, self.name, status,
                                     parallelism=spec.budget.parallelism if spec else None)
         await self._post_events()
-        if status == self.last_status:
+        written, self.last_status = self.written, status  # the next step carries this one over
+        if status == written or not self._due(status):
             return
         try:
             await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)
@@ -219,10 +226,21 @@ class RunLoop:
                      "message": bounded(f"the status could not be written: {exc.reason}: {exc.body}"),
                      "observedGeneration": generation}
             status = {"phase": status.get("phase"), "observedGeneration": generation, "conditions": [ready]}
-            if status == self.last_status:
+            self.last_status = status
+            if status == written:
                 return
             await asyncio.to_thread(self.kube.patch_status, self.namespace, self.name, status)
-        self.last_status = status
+        self.written, self.written_at = status, time.monotonic()
+
+    def _due(self, status: dict[str, Any]) -> bool:
+        """Whether ``status`` is written now. What a user or a GitOps tool acts on (phase,
+        conditions, observed generation, a pool's phase) is; counters and bests are at
+        most STATUS_INTERVAL_S behind: a busy run's steps follow its Pods' ends, and a
+        status write in each would hold the next reaction behind it. A run that goes
+        quiet steps again within IDLE_WAKEUP_S and writes what was held back."""
+        if self.written is None or time.monotonic() - self.written_at >= STATUS_INTERVAL_S:
+            return True
+        return status.get("phase") in ("Succeeded", "Failed") or _gist(status) != _gist(self.written)
 
     async def _post_events(self) -> None:
         events = self.planner.reporter.take_events()
@@ -234,3 +252,18 @@ class RunLoop:
         involved = {k: v for k, v in involved.items() if v}
         await asyncio.gather(*(asyncio.to_thread(self.kube.post_event, involved, kind, reason, message)
                                for kind, reason, message in events))
+
+
+def _gist(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What in a status is written at once (`RunLoop._due`)."""
+    conditions = {c.get("type"): (c.get("status"), c.get("reason")) for c in status.get("conditions") or []}
+    targets = [(t.get("name"), t.get("phase")) for t in status.get("targets") or []]
+    return status.get("phase"), status.get("observedGeneration"), conditions, targets
+
+
+async def _all(*steps: Coroutine[Any, Any, None]) -> None:
+    """Run ``steps`` at once and wait for every one of them (none is left running behind a
+    failure); then raise the first failure, if any."""
+    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
