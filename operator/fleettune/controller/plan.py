@@ -65,9 +65,9 @@ class Suggested:
 
 @dataclass
 class Plan:
-    """What the shell does with one step, in this order: store the records; delete
-    `delete_now`; create `create`; delete `delete_after` (Jobs whose records are stored).
-    With nothing to delete first, `create` goes alongside the store's write."""
+    """What the shell does with one step: store the records, delete `delete_now`, create
+    `create` (alongside the store's write when nothing is deleted first), then delete
+    `delete_after` (Jobs whose records are stored) alongside the status write."""
 
     records: list[TrialRecord] = field(default_factory=list)
     timings: dict[str, TrialTimings] = field(default_factory=dict)  # by Job name: its Pod's
