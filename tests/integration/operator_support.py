@@ -125,8 +125,10 @@ def example(name: str, **budget: int) -> dict[str, Any]:
 
 
 def apply(cluster: Any, namespace: str, doc: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(doc, f)
+    # JSON, not YAML: PyYAML writes a string such as "659e18" (a random suffix) bare, and
+    # kubectl's YAML 1.2 reader takes it for a number.
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(doc, f)
     return cluster.kubectl("apply", "-n", namespace, "-f", f.name, *extra, check=False)
 
 
