@@ -141,11 +141,19 @@ def test_a_higher_priority_job_preempts_a_batch_mid_way_and_nothing_is_lost(
                       parallelism=1, trialsPerPod=16)
     doc["spec"]["strategy"] = {"name": "random", "seed": 5}  # no ramp: the second Pod takes all 16
     batch = client.BatchV1Api(api_client)
+    # The batch must still be running when Kueue preempts it: at the session's pace its 16
+    # configurations take about 2 s, which a loaded machine can spend before Kueue acts.
+    normal = simulator.time_scale
+    simulator.time_scale = 10 * normal
     with JobsSeen(cluster, namespace) as seen:
-        assert apply(cluster, namespace, doc).returncode == 0
-        victim = wait_for(lambda: seen.admitted_batch_running(cluster), 240, "a batch Pod running")
-        batch.create_namespaced_job(namespace, queued_job("production", queue.local_queue, priority=HIGH))
-        said = wait_for(lambda: _events(cluster, namespace, "Preempted"), 60, "the operator to see the preemption")
+        try:
+            assert apply(cluster, namespace, doc).returncode == 0
+            victim = wait_for(lambda: seen.admitted_batch_running(cluster), 240, "a batch Pod running")
+            batch.create_namespaced_job(namespace, queued_job("production", queue.local_queue, priority=HIGH))
+            said = wait_for(lambda: _events(cluster, namespace, "Preempted"), 60,
+                            "the operator to see the preemption")
+        finally:
+            simulator.time_scale = normal
         assert any(victim in m and "none counted as failed" in m for m in said), said
         print("\n" + "\n".join(said))
         # While production runs, the trials wait: nothing recorded as failed meanwhile.
