@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,31 +251,62 @@ def test_privileged_trials_and_other_images_are_the_operators_to_allow(cluster, 
     # The admin allows them: the same runs tune, with what they asked for.
     operator.stop()
     operator.env = {"FLEETTUNE_ALLOW_PRIVILEGED_TRIALS": "true", "FLEETTUNE_ALLOWED_IMAGES": "docker.io/library/alpine"}
-    operator.start()
-    # Each run's first Job is kept as soon as it is seen: a small run's Jobs are recorded and
-    # deleted within seconds, so reading them again later races the operator.
-    seen: dict[str, dict[str, Any]] = {}
-
-    def both_seen() -> bool:
-        for name in ("privileged", "alpine"):
-            if name not in seen and (found := jobs(cluster, namespace, name)):
-                seen[name] = found[0]
-        return len(seen) == 2
-
-    wait_for(both_seen, 90, "the allowed runs' Jobs")
-    priv = seen["privileged"]["spec"]["template"]["spec"]
+    # Every Job as created: a small run's Jobs are recorded and deleted within a second, so
+    # polling for them races the operator.
+    with JobWatch(cluster, namespace) as watch:
+        operator.start()
+        seen = wait_for(lambda: (f := watch.first_of_each_run()).keys() >= {"privileged", "alpine"} and f, 90,
+                        "the allowed runs' Jobs")
+    priv = seen["privileged"]
     assert priv["containers"][0]["securityContext"] == {} and priv["securityContext"] == {}
-    alpine = seen["alpine"]["spec"]["template"]["spec"]
+    alpine = seen["alpine"]
     assert alpine["containers"][0]["image"] == "docker.io/library/alpine:latest"
     assert alpine["containers"][0]["securityContext"]["privileged"] is False
+    # Each run's status says Failed (Forbidden) until the restarted operator's first step
+    # writes its own: a finished phase from before the restart is not the answer.
+    def tuned(name: str) -> dict[str, Any] | None:
+        run = get_run(cluster, namespace, name)
+        fresh = condition(run, "Ready").get("reason") != "Forbidden"
+        return run if fresh and (run.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
+
     for name in cases:
-        assert wait_phase(cluster, namespace, name, 180, operator)["status"]["phase"] == "Succeeded"
+        run = wait_for(lambda name=name: tuned(name), 180, f"{name} to tune once allowed")
+        assert run["status"]["phase"] == "Succeeded", run["status"]
     assert_no_tracebacks(operator)
 
 
 
+class JobWatch:
+    """Every Job of a namespace as ``kubectl get --watch`` streams it, to a file read at will:
+    the operator deletes a trial's Job within a second of recording it, faster than polling."""
+
+    def __init__(self, cluster: Any, namespace: str) -> None:
+        self.cluster, self.namespace = cluster, namespace
+
+    def __enter__(self) -> JobWatch:
+        self._out = Path(tempfile.mkstemp(prefix="jobs-", suffix=".json")[1])
+        with self._out.open("w") as out:
+            self._proc = subprocess.Popen([str(self.cluster.kubectl_path()), f"--kubeconfig={self.cluster.kubeconfig}",
+                                           "get", "jobs", "-n", self.namespace, "--watch", "-o", "json"], stdout=out)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+        self._final = self._out.read_text()
+        self._out.unlink()
+
+    def first_of_each_run(self) -> dict[str, dict[str, Any]]:
+        """Run name -> the Pod template of its first Job seen (so far, while watching)."""
+        first: dict[str, dict[str, Any]] = {}
+        text = getattr(self, "_final", None)
+        for job in _json_stream(self._out.read_text() if text is None else text):
+            first.setdefault(job["metadata"]["labels"][f"{GROUP}/run"], job["spec"]["template"]["spec"])
+        return first
+
+
 def _json_stream(text: str) -> list[dict[str, Any]]:
-    """The objects `kubectl get --watch -o json` printed; the last may be cut off by stopping it."""
+    """The objects `kubectl get --watch -o json` printed; the last may be cut off mid-write."""
     decoder, out, pos = json.JSONDecoder(), [], 0
     while (start := text.find("{", pos)) >= 0:
         try:
@@ -287,8 +321,6 @@ def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, 
                                                                        api_client):
     """Issue #19: no fixed UID where the platform assigns one (OpenShift restricted-v2), pull
     secrets for private registries, a ServiceAccount only where the admin allows it."""
-    import subprocess
-
     core = core_api(api_client)
     for account in ("trial", "gpu-team"):
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
@@ -296,10 +328,7 @@ def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, 
     operator.env = {"FLEETTUNE_TRIAL_RUN_AS_USER": "", "FLEETTUNE_TRIAL_IMAGE_PULL_SECRETS": "mirror",
                     "FLEETTUNE_TRIAL_SERVICE_ACCOUNT": "trial", "FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS": "gpu-*"}
     operator.start()
-    # Every Job as created (the operator deletes a trial's Job once its result is recorded).
-    watch = subprocess.Popen([str(cluster.kubectl_path()), f"--kubeconfig={cluster.kubeconfig}", "get", "jobs",
-                              "-n", namespace, "--watch", "-o", "json"], stdout=subprocess.PIPE, text=True)
-    try:
+    with JobWatch(cluster, namespace) as watch:
         runs = {
             "own": small("own", budget=2, jobTemplate={"imagePullSecrets": [{"name": "team"}]}),
             "team": small("team", budget=2, jobTemplate={"serviceAccountName": "gpu-team"}),
@@ -314,13 +343,7 @@ def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, 
         assert refused["status"]["phase"] == "Failed" and ready["reason"] == "Forbidden", refused["status"]
         assert ready["message"].startswith("spec.jobTemplate.serviceAccountName: ServiceAccount 'admin'")
         assert not jobs(cluster, namespace, "admin")
-    finally:
-        watch.terminate()
-        out, _ = watch.communicate(timeout=30)
-    created = _json_stream(out)
-    pods = {}
-    for job in created:
-        pods.setdefault(job["metadata"]["labels"][f"{GROUP}/run"], job["spec"]["template"]["spec"])
+    pods = watch.first_of_each_run()
     assert set(pods) == {"own", "team"}, sorted(pods)
     for name, pod in pods.items():
         assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}, name
