@@ -79,3 +79,40 @@ def test_a_bad_node_wait_is_refused_naming_the_setting(monkeypatch: pytest.Monke
     monkeypatch.setenv(handlers.NODE_WAIT_ENV, raw)
     with pytest.raises(ValueError, match=f"^{handlers.NODE_WAIT_ENV}="):
         handlers.node_wait_from_env()
+
+
+def _job(rv: int, *, complete: bool = False, suspend: bool = False, active: int = 0) -> dict[str, Any]:
+    conditions = [{"type": "Complete", "status": "True"}] if complete else []
+    return {"metadata": {"name": "run-a100-0001", "namespace": "ns", "uid": "job-uid", "resourceVersion": str(rv),
+                         "labels": {MANAGED_BY: "fleettune", RUN_LABEL: "run"},
+                         "ownerReferences": [{"kind": "TuningRun", "name": "run", "uid": "uid-1"}]},
+            "spec": {"suspend": suspend}, "status": {"active": active, "conditions": conditions}}
+
+
+def _job_event(memo: kopf.Memo, type: str, job: dict[str, Any]) -> None:
+    asyncio.run(handlers.job_event(event={"type": type, "object": job}, body=kopf.Body(job), memo=memo))
+
+
+def test_a_run_wakes_for_what_its_step_acts_on_in_a_job_not_for_every_update(waker: Any, memo: kopf.Memo) -> None:
+    state = memo.fleettune
+    steps = [
+        ("ADDED", _job(1, suspend=True), True),  # a Job the operator has not seen: a step adopts it
+        ("MODIFIED", _job(2), True),  # its queue admitted it
+        ("MODIFIED", _job(3, active=1), False),  # its Pod started: nothing to decide
+        ("MODIFIED", _job(3, active=1), False),
+        ("MODIFIED", _job(4, complete=True), True),  # finished: record it
+        ("DELETED", _job(5, complete=True), True),  # deleted by someone else: its work is gone
+    ]
+    for type_, job, wakes in steps:
+        _job_event(memo, type_, job)
+        assert waker.is_set() == wakes, (type_, job)
+        waker.clear()
+    # The operator's own Job (entered as it is created), and its last events once it deleted it.
+    state.jobs.created({**_job(10), "metadata": {**_job(10)["metadata"], "uid": "job-2"}})
+    ours = {**_job(11), "metadata": {**_job(11)["metadata"], "uid": "job-2"}}
+    _job_event(memo, "ADDED", ours)
+    assert not waker.is_set()
+    state.jobs.deleted("ns", "run-a100-0001")
+    for type_ in ("MODIFIED", "DELETED"):
+        _job_event(memo, type_, {**ours, "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
+        assert not waker.is_set()

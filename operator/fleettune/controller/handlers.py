@@ -26,6 +26,7 @@ import kopf
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.admission import TrialPolicy
 from fleettune.controller.kube import Kube, load_workers
+from fleettune.controller.plan import job_gist
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S
 from fleettune.controller.tuner import RunLoop
 from fleettune.controller.watch import EndedPods, WatchCache
@@ -63,7 +64,7 @@ class OperatorState:
     node_wait_s: float = field(default_factory=node_wait_from_env)
     trial_policy: TrialPolicy = field(default_factory=TrialPolicy.from_env)  # a bad setting stops the start
     # Fed by job_event (whose filter is the managed-by label), node_event and pod_event.
-    jobs: WatchCache = field(default_factory=lambda: WatchCache(required={MANAGED_BY: MANAGER}))
+    jobs: WatchCache = field(default_factory=lambda: WatchCache(required={MANAGED_BY: MANAGER}, gist=job_gist))
     nodes: WatchCache = field(default_factory=WatchCache)
     ended: EndedPods = field(default_factory=EndedPods)
     wakers: dict[str, asyncio.Event] = field(default_factory=dict)  # run uid -> its loop's wake-up
@@ -125,11 +126,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 @kopf.on.event("batch", "v1", "jobs", labels={MANAGED_BY: MANAGER})
 async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     state = state_of(memo)
-    state.jobs.observe(event.get("type"), event.get("object") or {})
+    # Only for what a step acts on: a Job's other updates (several per trial Pod) would each
+    # cost its run a step, and a Pod that ends meanwhile would wait for it.
+    changed = state.jobs.observe(event.get("type"), event.get("object") or {})
     if event.get("type") == "DELETED":
         state.ended.job_deleted(body.metadata.namespace or "", body.metadata.uid)
-    for owner in body.metadata.get("ownerReferences") or []:
-        state.wake(owner.get("uid"))
+    if changed:
+        for owner in body.metadata.get("ownerReferences") or []:
+            state.wake(owner.get("uid"))
 
 
 @kopf.on.event("", "v1", "pods", labels={MANAGED_BY: MANAGER})

@@ -87,6 +87,12 @@ class Plan:
         return self.report is not None and self.report.finished and not self.settling
 
 
+def job_gist(job: Job) -> tuple[bool, bool]:
+    """What in a Job a run's step acts on (`collect`): whether it finished, and whether its
+    queue holds it. A Job's other updates (its Pod active, ready, counted) wake no step."""
+    return job_finished(job), suspended(job)
+
+
 def recorded(job: Job, stored: Container[RecordKey]) -> bool:
     """Whether every trial of the Job is in the store (a batch's records are stored together;
     checking each also covers a crash between two writes)."""

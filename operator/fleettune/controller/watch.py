@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from fleettune.results import decisive_end
@@ -58,11 +58,13 @@ class WatchCache:
     # already in flight for it must not bring it back.
     TOMBSTONE_S = 300.0
 
-    def __init__(self, required: Mapping[str, str] | None = None, resync_s: float = 30.0) -> None:
+    def __init__(self, required: Mapping[str, str] | None = None, resync_s: float = 30.0,
+                 gist: Callable[[dict[str, Any]], Hashable] | None = None) -> None:
         # Labels every object fed to the cache carries (the watch's filter): only selectors
         # that imply them can be answered from it.
         self.required = dict(required or {})
         self.resync_s = resync_s
+        self.gist = gist  # what in an object its readers act on (`observe`'s answer)
         self._lock = threading.Lock()
         self._objects: dict[str, dict[str, dict[str, Any]]] = {}
         self._gone: dict[str, float] = {}  # uid -> when it was deleted
@@ -72,18 +74,29 @@ class WatchCache:
         self.lists = 0
 
     # ---------------------------------------------------------------- feeding
-    def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
-        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, or None for kopf's initial listing)."""
+    def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> bool:
+        """A watch event (``ADDED``/``MODIFIED``/``DELETED``, or None for kopf's initial listing).
+
+        True when the event changed what readers act on: an object came or went, or its
+        ``gist`` changed (without a gist, any change). Not for an object the cache already
+        had in that gist (one written by us, a status update beside the point), nor for one
+        we deleted (its last events)."""
         meta = obj.get("metadata") or {}
         ns, name, uid = meta.get("namespace") or "", meta.get("name"), meta.get("uid")
         if not name:
-            return
+            return False
         with self._lock:
             self.events += 1
+            objects = self._objects.get(ns, {})
+            before = objects.get(name)
             if event_type == "DELETED":
                 self._forget(ns, name, uid)
-                return
-            self._put(ns, name, uid, obj)
+            else:
+                self._put(ns, name, uid, obj)
+            after = self._objects.get(ns, {}).get(name)
+        if before is None or after is None or self.gist is None:
+            return before is not after
+        return self.gist(before) != self.gist(after)
 
     def created(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
