@@ -11,8 +11,9 @@ may be tried again.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
@@ -62,6 +63,37 @@ class TrialRecord(BaseModel):
     @property
     def is_observation(self) -> bool:
         return self.outcome != Outcome.INFRA_ERROR
+
+
+class Records(Sequence[TrialRecord]):
+    """Trial records in order, with each target's at hand: a step reads every pool's records
+    several times (its search, its stopping rule, its status, what it publishes), and a
+    long run holds thousands, most of them other pools'."""
+
+    __slots__ = ("_all", "_by_target")
+
+    def __init__(self, records: Iterable[TrialRecord] = ()) -> None:
+        self._all = list(records)
+        self._by_target: dict[str, list[TrialRecord]] = {}
+        for rec in self._all:
+            self._by_target.setdefault(rec.target, []).append(rec)
+
+    def of(self, target: str) -> list[TrialRecord]:
+        """The target's records, in order (the list is shared: not to be changed)."""
+        return self._by_target.get(target, [])
+
+    @overload
+    def __getitem__(self, i: int) -> TrialRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[TrialRecord]: ...
+    def __getitem__(self, i: int | slice) -> TrialRecord | list[TrialRecord]:
+        return self._all[i]
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __iter__(self) -> Iterator[TrialRecord]:
+        return iter(self._all)
 
 
 def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ import yaml
 
 from fleettune.api import KernelSpec, TuningRunSpec
 from fleettune.controller.pool import Pool, build_search, warm_start_prior
-from fleettune.results import TrialRecord
+from fleettune.results import Records, TrialRecord
 from fleettune_job.protocol import Outcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,3 +67,16 @@ def test_strategy_options_zero_only_where_it_switches_a_behaviour_off():
         check_options(spec(prior_top=0))
     with pytest.raises(SpecError, match=r"spec.strategy.options.prior_patience: expected an integer >= 0, got -1"):
         check_options(spec(prior_patience=-1))
+
+
+def test_a_pools_records_by_target_are_those_a_scan_finds_in_order():
+    records = [_rec("a100", 0, 16, 4.0), _rec("a4000", 1, 16, 3.0), _rec("a100", 2, 32, None, round_=2),
+               _rec("a100", 3, 64, 2.0), _rec("a100.64x64", 4, 16, 1.0), _rec("a100", 5, 128, 5.0, round_=2)]
+    indexed = Records(records)
+    assert list(indexed) == records and len(indexed) == 6 and indexed[1] is records[1]
+    assert [r.index for r in indexed.of("a100")] == [0, 2, 3, 5] and indexed.of("h100") == []
+    for round_ in (1, 2):
+        pool = _pool("a100", round_=round_)
+        for all_rounds in (False, True):
+            assert pool.records(indexed, all_rounds=all_rounds) == pool.records(records, all_rounds=all_rounds)
+    assert [r.index for r in _pool("a100", round_=2).records(indexed)] == [2, 5]

@@ -42,7 +42,7 @@ from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
 from fleettune.optimize.batching import batch_size, queue_slots, slow_start
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
-from fleettune.results import TrialRecord
+from fleettune.results import Records, TrialRecord
 from fleettune.sizes import pool_key
 
 NODE_RECHECK_S = 30.0
@@ -273,7 +273,7 @@ class Planner:
         for job, key, answered, back in plan.preempted:
             self.events.append(("Normal", "Preempted", f"{key}: trial Job {job} was preempted by its queue after "
                                 f"{answered} configuration(s); {back} go back to the pool, none counted as failed"))
-        records = [*obs.records, *plan.records]
+        records = Records([*obs.records, *plan.records])
         self._feed_studies(records)
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:

@@ -23,7 +23,7 @@ from fleettune.api import TargetSpec, TargetStatus, TuningRunSpec
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.spec import SpecError
 from fleettune.fingerprint import GpuFingerprint, PoolFingerprint
-from fleettune.results import TrialRecord
+from fleettune.results import Records, TrialRecord
 from fleettune_job.protocol import Outcome
 
 if TYPE_CHECKING:  # the optimiser stack is heavy: loaded when a pool first builds its search
@@ -95,7 +95,10 @@ class Pool:
         self.round_started = _epoch(old.round_started_at)
 
     def records(self, records: Iterable[TrialRecord], *, all_rounds: bool = False) -> list[TrialRecord]:
-        return [r for r in records if r.target == self.key and (all_rounds or r.round == self.round)]
+        """The pool's records (this round's, or all rounds') among ``records``: found by
+        target when they are `Records`, else by a scan."""
+        mine = records.of(self.key) if isinstance(records, Records) else (r for r in records if r.target == self.key)
+        return [r for r in mine if all_rounds or r.round == self.round]
 
 
 def build_search(spec: TuningRunSpec, pool: Pool, product: str | None, where: str) -> None:

@@ -30,7 +30,7 @@ from fleettune.controller.reporting import Report
 from fleettune.jobs import run_selector
 from fleettune.metrics import Metrics, TrialTimings
 from fleettune.names import bounded
-from fleettune.results import TrialRecord, job_finished
+from fleettune.results import Records, TrialRecord, job_finished
 from fleettune.store import ResultsStore
 
 __all__ = ["RunLoop"]
@@ -150,7 +150,7 @@ class RunLoop:
         assert spec is not None and plan.report is not None
         if plan.report.targets:  # publishing first: a refusal shows in the status written just after
             await self.publisher.publish(spec.publish, {t.name for t in spec.targets},
-                                         entries(self.planner.pools.values(), self.store.records))
+                                         entries(self.planner.pools.values(), Records(self.store.records)))
         await self._write_status(plan.report)
 
     async def _record_and_launch(self, plan: Plan) -> None:
