@@ -10,6 +10,7 @@ garbage-collects its Jobs and their Pods.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -343,7 +344,12 @@ def render_job(
 def work_of(job: dict[str, Any]) -> Trial | Batch:
     """What a rendered Job measures, read back from its environment."""
     env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
-    return parse_work(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
+    return _parsed_work(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
+
+
+# Every step reads the work of each of its run's Jobs, and a Job's work never changes: parse
+# each once (the models are frozen). Bounded by about the Jobs a busy operator holds.
+_parsed_work = functools.lru_cache(maxsize=8192)(parse_work)
 
 
 def entries_of(job: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:

@@ -1,9 +1,10 @@
+import copy
 from pathlib import Path
 
 import yaml
 
 from fleettune.api import TargetSpec, TuningRunSpec
-from fleettune.jobs import job_name, render_job
+from fleettune.jobs import job_name, render_job, work_of
 from fleettune.labels import RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune_job.protocol import INVALID_CONFIG_EXIT_CODES, TRIAL_ENV, Trial
 
@@ -238,3 +239,10 @@ def test_the_queue_is_the_targets_the_runs_or_the_operators_default_and_a_bad_de
     assert TrialPolicy.from_env({"FLEETTUNE_DEFAULT_QUEUE": " team-gpus "}).default_queue == "team-gpus"
     with pytest.raises(OperatorConfigError, match=r"FLEETTUNE_DEFAULT_QUEUE='Team_GPUs'.*trialPolicy\.queue"):
         TrialPolicy.from_env({"FLEETTUNE_DEFAULT_QUEUE": "Team_GPUs"})
+
+
+def test_a_jobs_work_is_read_back_as_rendered_and_parsed_once():
+    body = _render(index=7)
+    first = work_of(body)
+    assert first.index == 7 and first.config == CONFIG
+    assert work_of(copy.deepcopy(body)) is first  # the same text: not parsed again
