@@ -324,7 +324,7 @@ class BayesOpt(Strategy):
             if keep.any():
                 selectable = keep
 
-        selectable = self._near_best_if_stalled(history, scored, selectable)
+        near, stall = self._near_best(history, scored, len(pending) + n)
         believers = Believers(var, gp.noise_extra)
         ks_all: torch.Tensor | None = None
 
@@ -341,9 +341,16 @@ class BayesOpt(Strategy):
         for j in range(len(pool), len(scored)):
             believe(j)
         picks: list[int] = []
-        for _ in range(min(n, int(selectable.sum()))):
+        for i in range(min(n, int(selectable.sum()))):
+            allowed = selectable
+            # A pick's stall counts the outstanding evaluations before it as not improving,
+            # so the picks of a batch alternate as one-at-a-time picks do. (Counted per
+            # suggestion, a study observed an even number at a time saw stalls of one parity
+            # only: with stall_every 2, it turned to the neighbourhood always or never.)
+            if near is not None and self._stalled_pick(stall + len(pending) + i) and bool((selectable & near).any()):
+                allowed = selectable & near
             acq = log_ei(mean, believers.var, best) + log_pf_w
-            acq[~selectable] = -math.inf
+            acq[~allowed] = -math.inf
             j = int(torch.argmax(acq))
             picks.append(int(scored[j]))
             selectable[j] = False
@@ -351,14 +358,21 @@ class BayesOpt(Strategy):
                 believe(j)
         return np.array(picks, dtype=np.int64)
 
-    def _near_best_if_stalled(self, history: History, scored: np.ndarray, selectable: torch.Tensor) -> torch.Tensor:
-        k = self.options.stall
+    def _near_best(self, history: History, scored: np.ndarray, picks: int) -> tuple[torch.Tensor | None, int]:
+        """The scored candidates within ``stall_radius`` moves of the best configuration
+        (None when there is no best, the option is off, or none of the next ``picks``
+        picks is stalled long enough), and the study's stall."""
         stall, best = _stall(history)
-        if k <= 0 or best < 0 or stall < k or (stall - k) % self.options.stall_every:
-            return selectable
+        if self.options.stall <= 0 or best < 0 or stall + picks - 1 < self.options.stall:
+            return None, stall
         rows = self.candidates.rows
-        near = torch.as_tensor((rows[scored] != rows[best]).sum(axis=1) <= self.options.stall_radius)
-        return selectable & near if bool((selectable & near).any()) else selectable
+        return torch.as_tensor((rows[scored] != rows[best]).sum(axis=1) <= self.options.stall_radius), stall
+
+    def _stalled_pick(self, stall: int) -> bool:
+        """Whether a pick made at this stall stays near the best."""
+        k = self.options.stall
+        return stall >= k and (stall - k) % self.options.stall_every == 0
+
 
 def _stall(history: History) -> tuple[int, int]:
     """Evaluations of this study since its best so far, and that best's candidate."""

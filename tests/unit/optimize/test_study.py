@@ -249,6 +249,26 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
     assert free[0] > 1 and free[3] > 1, free
 
 
+def test_a_stalled_study_batch_alternates_like_one_at_a_time_picks(space):
+    """A batch's picks alternate between the best's neighbourhood and the model's choice,
+    whatever the parity of the stall when the batch is asked for: outstanding
+    configurations count as evaluations that did not improve."""
+    rng = np.random.default_rng(0)
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    picked = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
+    best = min(picked, key=objective)
+    best_row = space.to_rows([best])[0]
+    others = [c for c in picked if c is not best]
+    for since_best in (11, 12):  # stall - k even, then odd
+        study = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 1, "stall_every": 2})
+        for c in [best, *others[:since_best]]:
+            study.observe(c, Outcome.OK, objective(c))
+        batch = study.suggest(4)
+        moves = [int((space.to_rows([c])[0] != best_row).sum()) for c in batch]
+        near = [i for i in range(4) if (since_best + i - 5) % 2 == 0]
+        assert all(moves[i] <= 1 for i in near), (since_best, moves)
+
+
 def test_warm_start_probes_another_code_path(space, optimum):
     """The sibling pool is fastest without unrolling, this pool with it (a new GPU that
     favours another code path): after the prior's three best come two probes of the
