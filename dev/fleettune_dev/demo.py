@@ -20,12 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleettune import GROUP, PLURAL, VERSION
+from fleettune import GROUP, KIND, PLURAL, VERSION
 from fleettune.crd import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
         # A run left by an earlier `--keep` would only show its old result: tune afresh.
         cluster.kubectl("delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", str(args.manifest))
         cluster.kubectl("apply", "--server-side", "-f", str(args.manifest))
-        name = cluster.kubectl("get", "-f", str(args.manifest), "-o", "jsonpath={.metadata.name}").stdout.strip()
+        name = run_name(Path(args.manifest).read_text())
         console.rule(f"tuning {name}")
         run = _watch(cluster, name, console, started, args.timeout)
         _summary(console, run)
@@ -175,6 +176,16 @@ def _kept(cluster: Any, state_dir: Path, say: Callable[[str], None]) -> None:
     say(f"  export KUBECONFIG={cluster.kubeconfig}")
     say(f"  {cluster.kubectl_path()} get tuningruns")
     say(f"  fleettune cluster down{where}    # stops all of it")
+
+
+def run_name(manifest: str) -> str:
+    """The name of the (first) TuningRun in a manifest, which may hold other objects too (a
+    user kernel's ConfigMap): kubectl's ``jsonpath={.metadata.name}`` over such a file is a
+    List, and its name is empty."""
+    for doc in yaml.safe_load_all(manifest):
+        if isinstance(doc, dict) and doc.get("kind") == KIND:
+            return str((doc.get("metadata") or {}).get("name") or "")
+    raise ValueError(f"the manifest holds no {KIND}")
 
 
 def _watch(cluster: Any, name: str, console: Console, started: float, timeout: float) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from fleettune_dev.demo import _summary, _table
+from fleettune_dev.demo import _summary, _table, run_name
 
 CONFIG = {f"parameter_number_{i}": i * 16 for i in range(12)}
 RUN = {
@@ -39,3 +41,11 @@ def test_the_summary_never_wraps_a_configuration():
     text = console.export_text()
     assert json.dumps(CONFIG, separators=(",", ":")) in text.splitlines()[3].strip()
     assert "SYNTHETIC numbers" in text
+
+
+def test_the_run_is_found_in_a_manifest_that_holds_other_objects_too():
+    root = Path(__file__).resolve().parents[2]
+    assert run_name((root / "examples" / "user-kernel.yaml").read_text()) == "transpose"
+    assert run_name((root / "examples" / "convolution-fleet.yaml").read_text()) == "convolution-fleet"
+    with pytest.raises(ValueError, match="no TuningRun"):
+        run_name("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
