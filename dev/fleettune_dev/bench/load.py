@@ -581,7 +581,8 @@ def start_profiler(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
     """py-spy sampling the operator (``pip install py-spy``); None when it is not installed."""
     import shutil
 
-    exe = shutil.which("py-spy")
+    # Installed into the benchmark's own environment, whose bin/ need not be on PATH.
+    exe = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if exe is None:
         return None
     return subprocess.Popen([exe, "record", "--pid", str(pid), "--output", str(out), "--format", "raw",
