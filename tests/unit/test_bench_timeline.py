@@ -4,6 +4,7 @@ real recording (skipped where data/spaces is absent)."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import json
@@ -24,6 +25,8 @@ from fleettune_dev.bench.timeline import (
     load_timed_space,
     main,
     plan_pod,
+    pod_answers,
+    raced_gpu_s,
     reach,
     run_kernel_tuner,
     run_metrics,
@@ -214,6 +217,81 @@ def test_suggestions_see_the_pending_configurations(ts, monkeypatch) -> None:
     simulate_fleet(ts, "batch", 3, 0, 30, FleetModel(CONSTANT, max_batch=4), strategy="random", clock=ticking(0.0))
     assert seen[:3] == [0, 1, 2]  # three single-configuration Pods start together
     assert max(seen) >= 4
+
+
+def test_answers_come_out_in_order_and_the_pod_ends_with_the_last() -> None:
+    # Two cores: builds at +1, +1, +2, +2 (the second fails); the GPU takes 0.5 s each.
+    answered, work = pod_answers(0.0, 1.0, [1.0] * 4, [0.5] * 4, [False, True, False, False], cpus=2)
+    np.testing.assert_allclose(answered, [2.5, 2.5, 3.5, 4.0])
+    assert work == pytest.approx(1.5)
+    assert plan_pod(0.0, 1.0, [1.0] * 4, [0.5] * 4, [False, True, False, False], cpus=2) == (4.0, work)
+
+
+def test_streamed_answers_are_known_when_printed(ts) -> None:
+    """On one GPU the next Pod starts when the last ends either way: the same
+    configurations, each known when its Pod printed it instead of when the Pod ended."""
+    model = FleetModel(CONSTANT, cpus=4, pod_seconds=1.0, max_batch=6)
+    ended = simulate_fleet(ts, "batch", 1, 2, 30, model, strategy="random", clock=ticking(0.0))
+    streamed = simulate_fleet(ts, "batch", 1, 2, 30, dataclasses.replace(model, stream_poll_s=0.0),
+                              strategy="random", clock=ticking(0.0))
+    np.testing.assert_array_equal(streamed.order, ended.order)
+    assert streamed.batches == ended.batches and streamed.spans == ended.spans
+    assert (streamed.times <= ended.times).all() and (streamed.times < ended.times).any()
+    last = np.cumsum(ended.batches) - 1  # each Pod's last answer is known when it ends
+    np.testing.assert_array_equal(streamed.times[last], ended.times[last])
+    polled = simulate_fleet(ts, "batch", 1, 2, 30, dataclasses.replace(model, stream_poll_s=2.0),
+                            strategy="random", clock=ticking(0.0))
+    np.testing.assert_array_equal(polled.order, ended.order)
+    assert (streamed.times <= polled.times).all() and (polled.times <= ended.times).all()
+    ends = {e for _, e in ended.spans}
+    assert all(t in ends or t % 2.0 == 0 for t in polled.times)
+
+
+def test_streamed_answers_of_running_pods_reach_the_next_suggestion(ts, monkeypatch) -> None:
+    from fleettune.optimize import Study
+
+    pods: list[list[str]] = []  # each suggestion's configurations: one Pod
+    partly_read = 0  # suggestions that saw a Pod some of whose answers were read
+    original = Study.suggest
+
+    def spy(self, n=1, pending=()):
+        nonlocal partly_read
+        waiting = {json.dumps(c, sort_keys=True) for c in pending}
+        assert len(self.history) + len(waiting) == sum(map(len, pods))  # nothing lost, nothing twice
+        partly_read += any(0 < len(waiting & set(p)) < len(p) for p in pods)
+        out = original(self, n, pending)
+        pods.append([json.dumps(c, sort_keys=True) for c in out])
+        return out
+
+    monkeypatch.setattr(Study, "suggest", spy)
+    model = FleetModel(CONSTANT, cpus=4, pod_seconds=1.0, max_batch=6)
+    simulate_fleet(ts, "batch", 3, 0, 40, model, strategy="random", clock=ticking(0.0))
+    assert partly_read == 0  # a Pod's answers come with its end
+    pods.clear()
+    run = simulate_fleet(ts, "batch", 3, 0, 40, dataclasses.replace(model, stream_poll_s=0.0), strategy="random",
+                         clock=ticking(0.0))
+    assert len(run.order) == 40 == len(set(run.order.tolist()))
+    assert partly_read > 0
+
+
+def test_racing_stops_only_clearly_slow_configurations() -> None:
+    from types import SimpleNamespace
+
+    times = [[9.0] * 8, [9.0, 9.0, 9.0, 1.0, 1.0], [2.0] * 8, [9.0] * 3, []]
+    space = SimpleNamespace(replay=SimpleNamespace(times=times), bench_s=np.array([0.8, 0.5, 0.8, 0.3, 0.0]))
+    gpu_s = np.array([1.0, 0.7, 1.0, 0.5, 0.0])  # verification 0.2 + benchmark; the last failed to build
+    idx = np.arange(5)
+    got = raced_gpu_s(space, idx, gpu_s, cutoff_ms=5.0)
+    # Over the cut-off after 3 runs: 3 of 8 (and 3 of 5) runs' share of the benchmark is
+    # spent; under it, or with no more runs than that, or never built: unchanged.
+    np.testing.assert_allclose(got, [0.2 + 0.8 * 3 / 8, 0.2 + 0.5 * 3 / 5, 1.0, 0.5, 0.0])
+    np.testing.assert_allclose(raced_gpu_s(space, idx, gpu_s, cutoff_ms=10.0), gpu_s)
+
+
+@pytest.mark.parametrize("flag", [["--race-above", "0.5"], ["--stream-poll", "-1"], ["--cpus", "0"]])
+def test_a_bad_model_option_is_a_usage_error(ts, flag, capsys) -> None:
+    assert main(["--cache", str(ts.path), "--seeds", "1", *flag]) == 2
+    assert "must be" in capsys.readouterr().err
 
 
 def test_stop_at_ends_the_run_when_reached(ts) -> None:

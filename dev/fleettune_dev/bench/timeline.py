@@ -75,6 +75,16 @@ class FleetModel:
     # the issue's model of a Pod; this adds it to every configuration's GPU time to see
     # how much the comparison leans on leaving it out.
     framework_on_gpu: bool = False
+    # None: the operator learns a batched Pod's answers when the Pod ends (its termination
+    # message, as it does today). A number: it also reads the answers a running Pod has
+    # printed so far (the job image's ``fleettune-answer`` log lines) at every step, and
+    # steps at every Pod end and at least every this many seconds (0: at once).
+    stream_poll_s: float | None = None
+    # None: every configuration is benchmarked for all its recorded runs. A factor: a
+    # configuration whose first RACE_RUNS runs average more than this factor times the
+    # best time the operator knew when it created the Pod stops there (its recorded
+    # verification and the first runs' share of its benchmark time are spent).
+    race_above: float | None = None
 
     def __post_init__(self) -> None:
         if self.cpus < 1:
@@ -83,6 +93,10 @@ class FleetModel:
             raise ValueError(f"max_batch must be at least 1, got {self.max_batch}")
         if not self.pod_seconds > 0:
             raise ValueError(f"pod_seconds must be positive, got {self.pod_seconds}")
+        if self.race_above is not None and not self.race_above >= 1:
+            raise ValueError(f"race_above must be >= 1, got {self.race_above}")
+        if self.stream_poll_s is not None and not self.stream_poll_s >= 0:
+            raise ValueError(f"stream_poll_s must be >= 0, got {self.stream_poll_s}")
 
 
 @dataclass
@@ -158,6 +172,7 @@ class PodRun:
     end: float  # GPU released
     configs: np.ndarray  # candidate numbers, in evaluation order
     gpu_work: float  # seconds the GPU verified and benchmarked
+    gpu_s: np.ndarray  # of each configuration
 
     @property
     def lifetime(self) -> float:
@@ -167,30 +182,40 @@ class PodRun:
 def plan_pod(start: float, startup_s: float, compile_s: Sequence[float], gpu_s: Sequence[float],
              compile_failed: Sequence[bool], cpus: int) -> tuple[float, float]:
     """(end, gpu_work) of a Pod that starts at ``start`` and evaluates its configurations
-    in order.
+    in order (see `pod_answers`)."""
+    answered, work = pod_answers(start, startup_s, compile_s, gpu_s, compile_failed, cpus)
+    return (float(answered[-1]) if len(answered) else start + startup_s), work
+
+
+def pod_answers(start: float, startup_s: float, compile_s: Sequence[float], gpu_s: Sequence[float],
+                compile_failed: Sequence[bool], cpus: int) -> tuple[np.ndarray, float]:
+    """(when each configuration's answer is printed, gpu_work) of a Pod that starts at
+    ``start`` and evaluates its configurations in order.
 
     Compiles go to ``cpus`` workers in order (a process pool: each starts when a worker
     frees); the GPU verifies and benchmarks the configurations in order, each once its
-    compile is done; a configuration whose compile failed never reaches the GPU. The Pod
-    ends when the last compile and the last GPU work are done. One configuration with
-    one core is a plain one-configuration Pod: start-up + compile + GPU time.
+    compile is done; a configuration whose compile failed never reaches the GPU. Answers
+    come out in order (the batch supervisor's), so one waits for those before it; the Pod
+    ends with its last answer. One configuration with one core is a plain
+    one-configuration Pod: start-up + compile + GPU time.
     """
     ready = start + startup_s
     workers = [ready] * max(1, min(cpus, len(compile_s)))
     gpu_free = ready
-    end = ready
+    last = ready
     work = 0.0
-    for c, g, failed in zip(compile_s, gpu_s, compile_failed, strict=True):
+    answered = np.zeros(len(compile_s))
+    for i, (c, g, failed) in enumerate(zip(compile_s, gpu_s, compile_failed, strict=True)):
         begin = heapq.heappop(workers)
         built = begin + float(c)
         heapq.heappush(workers, built)
-        end = max(end, built)
-        if failed:
-            continue
-        gpu_free = max(gpu_free, built) + float(g)
-        work += float(g)
-        end = max(end, gpu_free)
-    return end, work
+        if not failed:
+            gpu_free = max(gpu_free, built) + float(g)
+            work += float(g)
+            built = gpu_free
+        last = max(last, built)
+        answered[i] = last
+    return answered, work
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -250,6 +275,23 @@ def clairvoyant_s(ts: TimedSpace, model: FleetModel, gpus: int, seed: int, level
     return min(model.startup.at(float(rng.standard_normal())) for _ in range(gpus)) + cheapest
 
 
+RACE_RUNS = 3  # runs a raced configuration is timed for before the cut-off applies
+
+
+def raced_gpu_s(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray, cutoff_ms: float) -> np.ndarray:
+    """GPU seconds of configurations ``idx`` when those whose first `RACE_RUNS` recorded
+    runs average above ``cutoff_ms`` stop benchmarking there."""
+    out = gpu_s[idx].copy()
+    for j, c in enumerate(idx):
+        runs = ts.replay.times[c]
+        if out[j] > 0 and len(runs) > RACE_RUNS and float(np.mean(runs[:RACE_RUNS])) > cutoff_ms:
+            out[j] -= ts.bench_s[c] * (1 - RACE_RUNS / len(runs))
+    return out
+
+
+_END, _READ = 0, 1  # event kinds of `simulate_fleet`: a Pod ends; the operator reads answers
+
+
 def simulate_fleet(
     ts: TimedSpace,
     mode: str,
@@ -267,8 +309,10 @@ def simulate_fleet(
 
     The operator is one thread: its suggest and observe calls take the time ``clock``
     measures, one after another, and a Pod starts when the suggestion it runs is made.
-    Results of a Pod are observed when the Pod ends, in evaluation order. ``stop_at``:
-    stop once optimum / best reaches it (nothing later changes a time to that level).
+    Results of a Pod are observed in evaluation order when the Pod ends or, with
+    ``model.stream_poll_s`` (batched Pods), as the operator reads them from running Pods.
+    ``stop_at``: stop once optimum / best reaches it (nothing later changes a time to that
+    level).
     """
     from fleettune.optimize import Study
     from fleettune.optimize.batching import batch_size
@@ -288,8 +332,10 @@ def simulate_fleet(
     values: list[float] = []
     order: list[int] = []
     measured: list[float] = []
-    inflight: dict[int, tuple[PodRun, list[dict[str, Any]], float]] = {}
-    events: list[tuple[float, int]] = []
+    # seq -> (the Pod, its configurations, its start-up, when each answer is printed,
+    # how many of its answers the operator has read)
+    inflight: dict[int, tuple[PodRun, list[dict[str, Any]], float, np.ndarray, int]] = {}
+    events: list[tuple[float, int, int]] = []  # (time, END or READ, seq)
     free = gpus  # idle GPUs; which one does not matter
     op_free = 0.0  # when the operator's thread is next idle
     assigned = 0
@@ -298,12 +344,14 @@ def simulate_fleet(
     best = math.inf
     target = None if stop_at is None else replay.optimum / stop_at
     exhausted = False
+    poll = model.stream_poll_s if mode == "batch" else None
+    reading = False  # a READ step is scheduled
 
     def launch(at: float) -> bool:
-        nonlocal op_free, assigned, seq, exhausted
+        nonlocal op_free, assigned, seq, exhausted, reading
         k = 1 if mode == "pod" else batch_size(measured, model.pod_seconds, model.max_batch, budget - assigned,
                                                pods=gpus, startup_s=model.startup.p50_s)
-        pending = [c for _, configs, _ in inflight.values() for c in configs]
+        pending = [c for _, configs, _, _, read in inflight.values() for c in configs[read:]]
         t0 = clock()
         configs = study.suggest(k, pending)
         took = clock() - t0
@@ -315,14 +363,39 @@ def simulate_fleet(
         idx = lookup(np.asarray(replay.space.to_rows(configs), dtype=np.int32))
         startup = model.startup.at(float(rng.standard_normal()))
         cpus = 1 if mode == "pod" else model.cpus
-        end, work = plan_pod(op_free, startup, ts.compile_s[idx], gpu_s[idx], failed[idx], cpus)
-        pod = PodRun(op_free, op_free + startup, end, idx, work)
-        inflight[seq] = (pod, configs, startup)
+        g = gpu_s[idx] if model.race_above is None or not math.isfinite(best) else \
+            raced_gpu_s(ts, idx, gpu_s, model.race_above * best)
+        answered, work = pod_answers(op_free, startup, ts.compile_s[idx], g, failed[idx], cpus)
+        pod = PodRun(op_free, op_free + startup, float(answered[-1]), idx, work, g)
+        inflight[seq] = (pod, configs, startup, answered, 0)
         run.spans.append((pod.start, pod.end))
-        heapq.heappush(events, (pod.end, seq))
+        heapq.heappush(events, (pod.end, _END, seq))
+        if poll == 0:
+            for t in answered[:-1]:
+                heapq.heappush(events, (float(t), _READ, seq))
+        elif poll is not None and not reading:
+            heapq.heappush(events, ((math.floor(op_free / poll) + 1) * poll, _READ, -1))
+            reading = True
         seq += 1
         assigned += len(configs)
         return True
+
+    def read(key: int, upto: float) -> None:
+        """Observe the answers of Pod ``key`` printed by ``upto`` that were not read yet."""
+        nonlocal best
+        pod, configs, startup, answered, done = inflight[key]
+        n = int(np.searchsorted(answered, upto, side="right"))
+        for j in range(done, n):
+            c = int(pod.configs[j])
+            v = _observe(study, replay, configs[j], c)
+            times.append(now)
+            values.append(v)
+            order.append(c)
+            if not failed[c]:
+                measured.append(float(pod.gpu_s[j]))
+            if v < best:
+                best = v
+        inflight[key] = (pod, configs, startup, answered, max(done, n))
 
     while True:
         while free and assigned < budget and not exhausted:
@@ -331,28 +404,28 @@ def simulate_fleet(
             free -= 1
         if not events:
             break
-        now, key = heapq.heappop(events)
-        pod, configs, startup = inflight.pop(key)
+        now, kind, key = heapq.heappop(events)
         t0 = clock()
-        for config, c in zip(configs, pod.configs, strict=True):
-            v = _observe(study, replay, config, int(c))
-            times.append(now)
-            values.append(v)
-            order.append(int(c))
-            if not failed[c]:
-                measured.append(float(gpu_s[c]))
-            if v < best:
-                best = v
+        # A step reads every running Pod's answers when they stream; otherwise only the
+        # ended Pod's termination message.
+        for other in (list(inflight) if poll is not None else [key] if kind == _END else []):
+            read(other, now)
         took = clock() - t0
         run.latency += took
         op_free = max(now, op_free) + took
-        run.pods += 1
-        run.allocated += pod.lifetime
-        run.gpu_work += pod.gpu_work
-        run.startup += startup
-        run.evaluated_gpu_s += float((ts.verify_s[pod.configs] + ts.bench_s[pod.configs]).sum())
-        run.batches.append(len(configs))
-        free += 1
+        if kind == _READ and key < 0 and poll:
+            reading = bool(inflight)
+            if reading:
+                heapq.heappush(events, (now + poll, _READ, -1))
+        if kind == _END:
+            pod, configs, startup, _, _ = inflight.pop(key)
+            run.pods += 1
+            run.allocated += pod.lifetime
+            run.gpu_work += pod.gpu_work
+            run.startup += startup
+            run.evaluated_gpu_s += float((ts.verify_s[pod.configs] + ts.bench_s[pod.configs]).sum())
+            run.batches.append(len(configs))
+            free += 1
         if target is not None and best <= target * (1 + 1e-12):
             break
     run.times = np.asarray(times)
@@ -888,6 +961,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpus", type=int, default=8, help="CPU cores a batched Pod compiles on")
     p.add_argument("--pod-seconds", type=float, default=60.0, help="GPU time a batched Pod aims at")
     p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--stream-poll", type=float, default=None, metavar="S",
+                   help="the operator also reads running batched Pods' answers (their log lines) at every step, "
+                        "stepping at least every S seconds (0: at once); default: a Pod's answers when it ends")
+    p.add_argument("--race-above", type=float, default=None, metavar="F",
+                   help=f"stop benchmarking a configuration after {RACE_RUNS} runs averaging over F x the best time "
+                        "known when its Pod was created (default: every run recorded)")
     p.add_argument("--framework-on-gpu", action="store_true",
                    help="add Kernel Tuner's recorded framework time to every configuration's GPU time")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (each measures its own latency)")
@@ -897,6 +976,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--plot", help="directory for one best-so-far vs wall-clock plot per space")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p.parse_args(argv)
+
+
+def _what_if(model: FleetModel) -> str:
+    out = ""
+    if model.stream_poll_s is not None:
+        every = "at once" if model.stream_poll_s == 0 else f"every {model.stream_poll_s:g} s"
+        out += f", answers read from running Pods {every}"
+    if model.race_above is not None:
+        out += f", benchmarks stopped after {RACE_RUNS} runs over {model.race_above:g} x the best"
+    return out
 
 
 def default_caches(directory: Path) -> list[str]:
@@ -926,8 +1015,12 @@ def main(argv: list[str]) -> int:
             return 2
     gpus = _int_list(args.gpus) or [1, 4]
     options = parse_options(args.option, args.strategy)
-    model = FleetModel(PodStartup(args.startup_p50, args.startup_p99), args.cpus, args.pod_seconds,
-                       args.max_batch, args.framework_on_gpu)
+    try:
+        model = FleetModel(PodStartup(args.startup_p50, args.startup_p99), args.cpus, args.pod_seconds,
+                           args.max_batch, args.framework_on_gpu, args.stream_poll, args.race_above)
+    except ValueError as exc:
+        print(f"fleettune bench timeline: {exc}", file=sys.stderr)
+        return 2
     stop_at = args.stop_at if args.stop_at > 0 else None
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = []
@@ -954,7 +1047,8 @@ def main(argv: list[str]) -> int:
     print(f"fleettune bench timeline: {len(caches)} spaces, seeds {args.first_seed}..{seeds[-1]}, budget "
           f"{args.budget}, GPUs {gpus}, stop at {stop_at}; start-up p50 {model.startup.p50_s:g} s p99 "
           f"{model.startup.p99_s:g} s, {model.cpus} compile cores, Pods aim at {model.pod_seconds:g} s, "
-          f"batches ≤ {model.max_batch}{', framework time on the GPU' if model.framework_on_gpu else ''}; "
+          f"batches ≤ {model.max_batch}{', framework time on the GPU' if model.framework_on_gpu else ''}"
+          f"{_what_if(model)}; "
           f"{len(jobs)} runs ({resumed} from --traces), {elapsed:.0f} s\n")
     for path in caches:
         rows = [s for s in summaries if s["space"] == Path(path).name]
