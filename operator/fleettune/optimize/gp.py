@@ -10,6 +10,7 @@ chunks (float32 where the cancellation in the variance cannot hurt).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,7 @@ def fit_hyper(
     length-scales for a huge variance and interpolate every point independently);
     None fixes the variance at 1.
     """
+    from botorch.exceptions.warnings import OptimizationWarning
     from botorch.models import SingleTaskGP
     from botorch.optim.fit import fit_gpytorch_mll_scipy
     from gpytorch.constraints import GreaterThan
@@ -122,7 +124,12 @@ def fit_hyper(
     mll = ExactMarginalLogLikelihood(likelihood, model)
     mll.train()
     try:
-        fit_gpytorch_mll_scipy(mll, options={"maxiter": max_iter})
+        with warnings.catch_warnings():
+            # L-BFGS stopping on a failed line search ("ABNORMAL") is routine on these
+            # flat, noisy likelihoods and its end point is used as any other: a warning for
+            # each would fill the operator's log with nothing a user can act on.
+            warnings.simplefilter("ignore", OptimizationWarning)
+            fit_gpytorch_mll_scipy(mll, options={"maxiter": max_iter})
     except Exception:  # a failed fit keeps its start point: a stale model beats no model
         return start
     mll.eval()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import hidden_infeasible
@@ -100,6 +102,30 @@ def test_fit_recovers_relevant_dimensions():
     assert hyper.lengthscale[0] < hyper.lengthscale[1] and hyper.lengthscale[0] < hyper.lengthscale[2]
     again = fit_hyper(x, y, np.zeros(60))  # deterministic: same data, same fit
     assert np.array_equal(again.lengthscale, hyper.lengthscale) and again.noise == hyper.noise
+
+
+def test_a_fit_that_l_bfgs_ends_abnormally_is_kept_and_warns_no_one(monkeypatch: pytest.MonkeyPatch):
+    import botorch.optim.fit
+    from botorch.exceptions.warnings import OptimizationWarning
+
+    real = botorch.optim.fit.fit_gpytorch_mll_scipy
+
+    def abnormal(mll, **kw):  # what BoTorch does when L-BFGS's line search fails
+        result = real(mll, **kw)
+        warnings.warn("`scipy_minimize` terminated with status FAILURE: ABNORMAL", OptimizationWarning, stacklevel=2)
+        return result
+
+    rng = np.random.default_rng(2)
+    x = rng.random((60, 3))
+    y = np.sin(5 * x[:, 0])
+    y = (y - y.mean()) / y.std()
+    fitted = fit_hyper(x, y, np.zeros(60))
+    monkeypatch.setattr(botorch.optim.fit, "fit_gpytorch_mll_scipy", abnormal)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        hyper = fit_hyper(x, y, np.zeros(60))
+    assert not [w for w in seen if issubclass(w.category, OptimizationWarning)]
+    assert np.array_equal(hyper.lengthscale, fitted.lengthscale)  # the fit, not the start point
 
 
 def test_log_ei_is_exact_and_finite_in_the_tail():
