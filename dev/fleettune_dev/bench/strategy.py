@@ -376,10 +376,15 @@ def _trace_key(
     ramp: bool = True,
 ) -> str:
     # Sequential runs keep the key they always had, so existing trace files still resume;
-    # batched runs without the ramp keep theirs too (they were all without it).
+    # batched runs without the ramp keep theirs too (they were all without it). A ramped
+    # run's key names the ramp's share (`True` was the share of 1), so that a trace file
+    # from before a change of share is run again, not reused.
+    from fleettune.optimize.batching import RAMP_SHARE
+
     extra: list[dict[str, Any]] = []
     if batch > 1 or gpus > 1:
-        extra = [{"batch": batch, "gpus": gpus, **({"ramp": True} if ramp else {})}]
+        share: bool | float = True if RAMP_SHARE == 1 else RAMP_SHARE
+        extra = [{"batch": batch, "gpus": gpus, **({"ramp": share} if ramp else {})}]
     return json.dumps([space, strategy, seed, budget, options, *extra], sort_keys=True)
 
 

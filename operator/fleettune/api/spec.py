@@ -276,7 +276,7 @@ class BudgetSpec(Model):
         "ahead on the node's CPUs). Unset: chosen per pool from its first measurements, for about podSeconds "
         "of GPU work per Pod, at most 16. 1: one configuration per Pod (the most isolation). With a strategy "
         "that learns from results (not random), a target's first Pods ramp up to this size as results arrive: "
-        "never more configurations outstanding than measured.",
+        "never more configurations outstanding than half those measured.",
     )
     pod_seconds: int = Field(
         default=60, ge=5, le=3600,

@@ -85,11 +85,14 @@ def test_long_configurations_are_batched_only_to_amortise_the_start_up() -> None
     assert batch_size([0.05], 60.0, 16, 1000, startup_s=2.0) == 16
 
 
-def test_slow_start_never_has_more_outstanding_than_measured() -> None:
+def test_slow_start_keeps_what_is_outstanding_within_half_the_results() -> None:
     from fleettune.optimize.batching import slow_start
 
     assert slow_start(16, observed=0, outstanding=0) == 1  # every free GPU still gets work
     assert slow_start(16, observed=0, outstanding=3) == 1
-    assert slow_start(16, observed=10, outstanding=4) == 6
-    assert slow_start(16, observed=100, outstanding=48) == 16  # the size asked for, once results allow
+    assert slow_start(16, observed=3, outstanding=0) == 1
+    assert slow_start(16, observed=20, outstanding=4) == 6
+    assert slow_start(16, observed=21, outstanding=4) == 6  # half of 21, rounded down
+    assert slow_start(16, observed=100, outstanding=34) == 16  # the size asked for, once results allow
+    assert slow_start(16, observed=100, outstanding=35) == 15
     assert slow_start(1, observed=100, outstanding=0) == 1
