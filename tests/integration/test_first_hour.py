@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -284,8 +285,9 @@ class JobWatch:
         self.cluster, self.namespace = cluster, namespace
 
     def __enter__(self) -> JobWatch:
-        self._out = Path(tempfile.mkstemp(prefix="jobs-", suffix=".json")[1])
-        with self._out.open("w") as out:
+        fd, name = tempfile.mkstemp(prefix="jobs-", suffix=".json")
+        self._out = Path(name)
+        with os.fdopen(fd, "w") as out:
             self._proc = subprocess.Popen([str(self.cluster.kubectl_path()), f"--kubeconfig={self.cluster.kubeconfig}",
                                            "get", "jobs", "-n", self.namespace, "--watch", "-o", "json"], stdout=out)
         return self
