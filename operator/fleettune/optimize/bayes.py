@@ -2,7 +2,8 @@
 
 Per suggestion: one GP for log(time) on the feasible observations (failed points enter
 it only as believers, see `_bayes`), one GP classifier for feasibility, LogEI +
-feas_power * log P(feasible) over the not-yet-evaluated candidates, BaCO's randomised
+feas_power * log P(feasible) over the not-yet-evaluated candidates (EI on the model's
+variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
 After a long stall, every other pick stays within two moves of the best configuration
 (see ``stall``). Hyperparameters are refitted on a schedule of history lengths, each
@@ -34,7 +35,7 @@ from .design import feature_weights, maximin
 from .feasibility import FeasibilityModel, fit_feasibility
 from .gp import Hyper, Posterior, fit_hyper, matern52
 from .local import Scores, local_search, scoring_pool
-from .options import StrategyOptions, boolean, integer, one_of, positive
+from .options import StrategyOptions, boolean, integer, non_negative, one_of, positive
 from .problem import Candidates, History
 from .strategy import Strategy
 from .warm import WarmStart
@@ -57,6 +58,13 @@ class BayesOptions(StrategyOptions):
         "candidates predicted less likely to run are not chosen."
     )
     feas_power: float = positive(6.0, "Acquisition = EI x P(feasible)^feas_power.")
+    misfit_ei: float = non_negative(
+        1.0, "Share of the surrogate's misfit (the noise it learns on top of the repeats' own) that expected "
+        "improvement counts as variation a configuration not yet measured can still show: kernel times are "
+        "rougher than a smooth model, so a configuration beside good ones can beat them where the model's mean "
+        "says it cannot. Counted for a pick with nothing outstanding (not for a batch's later picks or with "
+        "trials in flight). 0: EI of the smooth model alone."
+    )
     transform: str = one_of(
         "log", 'Objective transform: "log" (log time, standardised) or "copula" (ranks to normal scores).',
         ("log", "copula"),
@@ -304,10 +312,16 @@ class BayesOpt(Strategy):
             return mean, var, log_pf
 
         mean, var, log_pf = score(pool)
+        # What a new configuration's measurement may show: the model's uncertainty plus the
+        # scatter of measurements around it that the model does not explain. Only for a pick
+        # with nothing outstanding: a batch's picks, chosen blind to each other's results,
+        # spread out by the model's variance alone (with the scatter counted, batches of 16 on
+        # 4 GPUs crowded the best region; docs/optimizer.md).
+        misfit = o.misfit_ei * gp.noise_extra if len(pending) == 0 else 0.0
         if partial:
             pool, mean, var, log_pf = local_search(
                 self.candidates, pool, (mean, var, log_pf), avail, score, best,
-                power=power, rounds=o.local_rounds, starts=o.local_starts,
+                power=power, rounds=o.local_rounds, starts=o.local_starts, misfit=misfit,
             )
         # Pending trials sit at the end of the scored set, believed but not selectable.
         scored = np.concatenate([pool, np.asarray(pending, dtype=np.int64)])
@@ -349,7 +363,7 @@ class BayesOpt(Strategy):
             # only: with stall_every 2, it turned to the neighbourhood always or never.)
             if near is not None and self._stalled_pick(stall + len(pending) + i) and bool((selectable & near).any()):
                 allowed = selectable & near
-            acq = log_ei(mean, believers.var, best) + log_pf_w
+            acq = log_ei(mean, believers.var + (misfit if i == 0 else 0.0), best) + log_pf_w
             acq[~allowed] = -math.inf
             j = int(torch.argmax(acq))
             picks.append(int(scored[j]))

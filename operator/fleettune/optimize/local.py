@@ -50,14 +50,16 @@ def local_search(
     power: float,
     rounds: int,
     starts: int,
+    misfit: float = 0.0,
 ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor, torch.Tensor]:
     """From the ``starts`` best scored candidates (acquisition: LogEI + ``power`` x log
-    P(feasible)), score their one-move neighbourhoods; repeat while that improves, at most
-    ``rounds`` times. Returns the scored candidates and their scores, extended."""
+    P(feasible); ``misfit`` added to the variance, as the strategy's acquisition does), score
+    their one-move neighbourhoods; repeat while that improves, at most ``rounds`` times.
+    Returns the scored candidates and their scores, extended."""
     mean, var, log_pf = scores
     seen = np.zeros(len(candidates), dtype=bool)
     seen[pool] = True
-    acq = log_ei(mean, var, best) + power * log_pf
+    acq = log_ei(mean, var + misfit, best) + power * log_pf
     for _ in range(rounds):
         top = pool[torch.topk(acq, min(starts, len(acq))).indices.numpy()]
         near = candidates.hamming_neighbours(candidates.rows[top])
@@ -66,7 +68,7 @@ def local_search(
             break
         seen[near] = True
         m, v, lp = score(near)
-        a = log_ei(m, v, best) + power * lp
+        a = log_ei(m, v + misfit, best) + power * lp
         improved = bool(a.max() > acq.max())
         pool = np.concatenate([pool, near])
         mean, var, log_pf, acq = (torch.cat(t) for t in ((mean, m), (var, v), (log_pf, lp), (acq, a)))

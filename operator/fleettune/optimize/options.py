@@ -91,6 +91,11 @@ def positive(default: float | None, doc: str) -> Any:
     return _declare(default, doc, "a positive number", lambda v: _is_number(v) and v > 0)
 
 
+def non_negative(default: float, doc: str) -> Any:
+    """A finite number >= 0 (0 where it switches a behaviour off)."""
+    return _declare(default, doc, "a number >= 0", lambda v: _is_number(v) and v >= 0)
+
+
 def one_of(default: str, doc: str, choices: tuple[str, ...]) -> Any:
     """One of a few words."""
     expected = "one of " + ", ".join(repr(c) for c in choices)
@@ -104,7 +109,7 @@ def boolean(default: bool, doc: str) -> Any:
 @dataclass(frozen=True)
 class StrategyOptions:
     """The options of a strategy: subclasses declare them as fields made with `integer`,
-    `positive`, `one_of` or `boolean`. The base class has none."""
+    `positive`, `non_negative`, `one_of` or `boolean`. The base class has none."""
 
     @classmethod
     def declared(cls) -> tuple[Option, ...]:

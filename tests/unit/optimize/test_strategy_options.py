@@ -18,7 +18,7 @@ from fleettune.optimize import (
 )
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "optimizer.md"
-OFF_WITH_ZERO = {"bayes": {"stall", "prior_paths", "prior_patience"}, "genetic": set(), "random": set()}
+OFF_WITH_ZERO = {"bayes": {"stall", "prior_paths", "prior_patience", "misfit_ei"}, "genetic": set(), "random": set()}
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -55,6 +55,8 @@ def test_given_options_override_the_defaults_and_reach_the_strategy_typed(space)
     ("bayes", {"feas_power": math.inf}, "feas_power", "expected a positive number, got inf"),
     ("bayes", {"refit_growth": math.nan}, "refit_growth", "expected a positive number, got nan"),
     ("bayes", {"refit_growth": None}, "refit_growth", "expected a positive number, got None"),
+    ("bayes", {"misfit_ei": -0.5}, "misfit_ei", "expected a number >= 0, got -0.5"),
+    ("bayes", {"misfit_ei": False}, "misfit_ei", "expected a number >= 0, got False"),
     ("bayes", {"transform": "many"}, "transform", "expected one of 'log', 'copula', got 'many'"),
     ("bayes", {"warm_model": ""}, "warm_model", "expected one of 'residual', 'task', got ''"),
     ("bayes", {"warm_refit": 1}, "warm_refit", "expected a boolean, got 1"),
@@ -86,7 +88,7 @@ def test_unknown_options_are_rejected_listing_the_known_ones(space) -> None:
 def test_zero_only_where_it_switches_a_behaviour_off() -> None:
     for strategy, off in OFF_WITH_ZERO.items():
         for o in describe_options(strategy):
-            if o.expected.startswith("an integer"):
+            if o.expected.startswith(("an integer", "a number", "a positive number")):
                 assert o.accepts(0) == (o.name in off), o.name
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import evaluate, hidden_infeasible, objective, run
-from fleettune.optimize import STRATEGIES, Study, stop_reason
+from fleettune.optimize import STRATEGIES, Study, bayes, stop_reason
 from fleettune_job.protocol import Outcome
 
 FAST = {"fit_iter": 30}
@@ -219,6 +220,40 @@ def test_hamming_moves_and_scan_agree(space):
     assert problem._moves(few[:3], small._radix, limit=len(few)) is None
     d = (few[:, None, :] != few[None, :3]).sum(-1)
     assert np.array_equal(small.hamming_neighbours(few[:3], chunk=7), np.flatnonzero((d == 1).any(1)))
+
+
+def test_expected_improvement_counts_the_models_misfit_as_variation(space, monkeypatch):
+    """EI ranks a candidate by what measuring it may show: the model's own variance plus
+    `misfit_ei` x the noise the model learned on top of the repeats' (kernel times are
+    rougher than a smooth surrogate; docs/optimizer.md). Only for a pick with nothing
+    outstanding: a batch's later picks and picks beside trials in flight rank by the
+    model's variance alone, which is what spreads a batch out."""
+    believers: list[bayes.Believers] = []
+    ranked: list[tuple[torch.Tensor, torch.Tensor]] = []  # (variance EI got, the believers' variance)
+    believers_init, log_ei = bayes.Believers.__init__, bayes.log_ei
+
+    def spy_believers(self, var, noise):
+        believers_init(self, var, noise)
+        believers.append(self)
+
+    def spy_log_ei(mean, var, best):
+        ranked.append((var.clone(), believers[-1].var.clone()))
+        return log_ei(mean, var, best)
+
+    monkeypatch.setattr(bayes.Believers, "__init__", spy_believers)
+    monkeypatch.setattr(bayes, "log_ei", spy_log_ei)
+    for share in (0.0, 2.5):
+        study = Study(space, seed=0, options={**FAST, "misfit_ei": share})
+        feed(study, 14)  # past the space-filling design: the model chooses
+        ranked.clear()
+        first, _ = study.suggest(2)
+        noise = believers[-1].noise
+        assert noise > 0 and len(ranked) == 2
+        torch.testing.assert_close(ranked[0][0], ranked[0][1] + share * noise)  # the batch's first pick
+        torch.testing.assert_close(ranked[1][0], ranked[1][1])  # its second
+        ranked.clear()
+        study.suggest(1, pending=[first])
+        torch.testing.assert_close(ranked[0][0], ranked[0][1])
 
 
 def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
