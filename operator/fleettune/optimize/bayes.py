@@ -5,10 +5,11 @@ it only as believers, see `_bayes`), one GP classifier for feasibility, LogEI +
 feas_power * log P(feasible) over the not-yet-evaluated candidates (EI on the model's
 variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
-After a long stall, every other pick stays within two moves of the best configuration
-(see ``stall``). Hyperparameters are refitted on a schedule of history lengths, each
-fit warm-started from the previous checkpoint's fit, so that a study rebuilt from its
-stored history retraces the same fits and suggests the same.
+After a long stall, every other pick stays within two moves of the best configuration,
+its other code paths first (see ``stall``, ``stall_paths``). Hyperparameters are
+refitted on a schedule of history lengths, each fit warm-started from the previous
+checkpoint's fit, so that a study rebuilt from its stored history retraces the same fits
+and suggests the same.
 
 Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
 configurations and probes of other code paths first, then a residual model on top of the
@@ -98,6 +99,12 @@ class BayesOptions(StrategyOptions):
     )
     stall_radius: int = integer(2, "Moves from the best configuration that a stalled study's picks stay within.")
     stall_every: int = integer(2, "In a stalled study, every this-many-th pick stays near the best.")
+    stall_paths: bool = boolean(
+        True, "A stalled study's near picks first try the best configuration on other code paths (only its "
+        "switches changed: booleans, categoricals, 0/1 flags; within stall_radius moves), then its whole "
+        "neighbourhood: the way off one code path's optimum can take two flags flipped together, which a model "
+        "that has seen one flipped without the other ranks low."
+    )
 
 
 class _Model(NamedTuple):
@@ -361,8 +368,9 @@ class BayesOpt(Strategy):
             # so the picks of a batch alternate as one-at-a-time picks do. (Counted per
             # suggestion, a study observed an even number at a time saw stalls of one parity
             # only: with stall_every 2, it turned to the neighbourhood always or never.)
-            if near is not None and self._stalled_pick(stall + len(pending) + i) and bool((selectable & near).any()):
-                allowed = selectable & near
+            if near and self._stalled_pick(stall + len(pending) + i):
+                # The narrowest of the near sets that still has a candidate to offer.
+                allowed = next((selectable & m for m in near if bool((selectable & m).any())), selectable)
             acq = log_ei(mean, believers.var + (misfit if i == 0 else 0.0), best) + log_pf_w
             acq[~allowed] = -math.inf
             j = int(torch.argmax(acq))
@@ -372,15 +380,26 @@ class BayesOpt(Strategy):
                 believe(j)
         return np.array(picks, dtype=np.int64)
 
-    def _near_best(self, history: History, scored: np.ndarray, picks: int) -> tuple[torch.Tensor | None, int]:
-        """The scored candidates within ``stall_radius`` moves of the best configuration
-        (None when there is no best, the option is off, or none of the next ``picks``
-        picks is stalled long enough), and the study's stall."""
+    def _near_best(self, history: History, scored: np.ndarray, picks: int) -> tuple[list[torch.Tensor], int]:
+        """Masks over the scored candidates for a stalled pick, narrowest first: those
+        within ``stall_radius`` moves of the best configuration that change only its
+        switches (with ``stall_paths``), then all within ``stall_radius`` moves. Empty when
+        there is no best, ``stall`` is off, or none of the next ``picks`` picks is stalled
+        long enough. Also the study's stall."""
         stall, best = _stall(history)
-        if self.options.stall <= 0 or best < 0 or stall + picks - 1 < self.options.stall:
-            return None, stall
+        o = self.options
+        if o.stall <= 0 or best < 0 or stall + picks - 1 < o.stall:
+            return [], stall
         rows = self.candidates.rows
-        return torch.as_tensor((rows[scored] != rows[best]).sum(axis=1) <= self.options.stall_radius), stall
+        moved = rows[scored] != rows[best]
+        near = moved.sum(axis=1) <= o.stall_radius
+        out = [torch.as_tensor(near)]
+        switches = list(self.candidates.switches)
+        if o.stall_paths and switches and len(switches) < rows.shape[1]:
+            sizes = np.ones(rows.shape[1], dtype=bool)
+            sizes[switches] = False
+            out.insert(0, torch.as_tensor(near & ~moved[:, sizes].any(axis=1)))
+        return out, stall
 
     def _stalled_pick(self, stall: int) -> bool:
         """Whether a pick made at this stall stays near the best."""

@@ -284,6 +284,34 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
     assert free[0] > 1 and free[3] > 1, free
 
 
+def test_a_stalled_study_tries_the_bests_other_code_paths_first(space):
+    """With `stall_paths`, a stalled study's near picks first change only the best
+    configuration's switches (here `layout` and `unroll`: 5 other combinations), then any
+    of its parameters; without it, the model picks from the whole neighbourhood at once."""
+    rng = np.random.default_rng(0)
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    picked = [configs[i] for i in rng.choice(len(configs), 12, replace=False)]
+    best = min(picked, key=objective)
+    history = [best] + [c for c in picked if c is not best]
+
+    def changed(options: dict) -> list[set[str]]:
+        study = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 2, "stall_every": 1, **options})
+        for c in history:
+            study.observe(c, Outcome.OK, objective(c))
+        out = []
+        for _ in range(6):
+            (c,) = study.suggest(1)
+            out.append({k for k in c if c[k] != best[k]})
+            study.observe(c, Outcome.OK, objective(best) + 1.0)  # no improvement
+        return out
+
+    paths_first = changed({})
+    assert all(moved and moved <= {"layout", "unroll"} for moved in paths_first[:5]), paths_first
+    assert paths_first[5] - {"layout", "unroll"}, paths_first  # every other path tried: sizes next
+    anywhere = changed({"stall_paths": False})
+    assert any(moved - {"layout", "unroll"} for moved in anywhere[:5]), anywhere
+
+
 def test_a_stalled_study_batch_alternates_like_one_at_a_time_picks(space):
     """A batch's picks alternate between the best's neighbourhood and the model's choice,
     whatever the parity of the stall when the batch is asked for: outstanding
