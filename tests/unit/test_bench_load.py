@@ -11,11 +11,14 @@ from fleettune.api import TuningRunSpec
 from fleettune.results import TrialRecord
 from fleettune_dev.bench.load import (
     NAMESPACE,
+    CpuSampler,
     Observer,
     PodTimes,
+    Reaction,
     Report,
     audit,
     bench_fleet,
+    cpu_jiffies,
     gpu_busy_seconds,
     gpu_utilisation,
     idle_breakdown,
@@ -25,6 +28,7 @@ from fleettune_dev.bench.load import (
     pod_waits,
     quantile,
     reaction_latencies,
+    reactions_by_load,
     revision,
     run_manifests,
     termination_message,
@@ -121,7 +125,7 @@ def test_reaction_latency_pairs_each_end_with_the_next_job_of_its_run_and_pool()
     jobs = {"j0": ("r1", "a100", 0.0, None), "j1": ("r1", "a100", 10.2, None), "j2": ("r1", "a100", 11.5, None),
             "k0": ("r2", "a100", 0.0, None), "k1": ("r2", "a100", 13.0, None)}
     lat = reaction_latencies(pods, jobs)
-    assert sorted(round(x, 3) for x in lat["a100"]) == [0.2, 1.0, 3.0]
+    assert sorted(round(r.seconds, 3) for r in lat["a100"]) == [0.2, 1.0, 3.0]
 
 
 def test_reaction_latency_follows_the_apiservers_order_not_when_the_watches_saw_it():
@@ -131,10 +135,10 @@ def test_reaction_latency_follows_the_apiservers_order_not_when_the_watches_saw_
     pods = {f"p{i}": PodTimes("r", "a100", 0.0, seen, finished_rv=rv) for i, (seen, rv) in enumerate(ends)}
     jobs = {"j0": ("r", "a100", 0.0, 1), **{f"j{i + 1}": ("r", "a100", seen - 0.2, rv + 5)
                                             for i, (seen, rv) in enumerate(ends)}}
-    assert reaction_latencies(pods, jobs)["a100"] == [0.0, 0.0, 0.0]
+    assert [r.seconds for r in reaction_latencies(pods, jobs)["a100"]] == [0.0, 0.0, 0.0]
     # By sight alone (no resourceVersions), each end is paired with the next end's Job.
     blind = {k: (*v[:3], None) for k, v in jobs.items()}
-    assert [round(x, 3) for x in reaction_latencies(pods, blind)["a100"]] == [9.8, 9.8]
+    assert [round(r.seconds, 3) for r in reaction_latencies(pods, blind)["a100"]] == [9.8, 9.8]
     assert revision({"resourceVersion": "123"}) == 123 and revision({}) is None
 
 
@@ -215,3 +219,19 @@ def test_a_jobs_trials_are_read_from_its_work():
     assert job_trials(_job(trial, 3)) == [3]
     assert job_trials(_job(batch, 7)) == [7, 8, 9]
     assert job_trials(_job("{garbled", 5)) == [5]
+
+
+def test_machine_cpu_is_read_from_proc_stat_without_idle_and_iowait():
+    stat = "cpu  100 5 50 800 40 3 2 0 7 0\ncpu0 50 2 25 400 20 1 1 0 3 0\n"
+    assert cpu_jiffies(stat) == (160, 1000)
+    busy, total = cpu_jiffies()  # this machine's: counters only grow
+    assert 0 <= busy <= total
+
+
+def test_reactions_are_split_by_whether_the_machine_was_saturated_meanwhile():
+    cpu = CpuSampler(interval=1.0, samples=[(0.0, 1.0, 0.4), (1.0, 2.0, 1.0), (2.0, 3.0, 0.98), (3.0, 4.0, 0.5)])
+    assert cpu.busy(0.5, 1.5) == pytest.approx(0.7)
+    assert math.isnan(cpu.busy(10.0, 11.0))
+    split = reactions_by_load([Reaction(1.0, 2.0), Reaction(0.0, 0.2), Reaction(2.5, 0.1), Reaction(3.0, 0.5)], cpu)
+    # 1.0-3.0: 0.99 busy; 0.0-1.0 (one sample at least): 0.4; 2.5-3.5: 0.74; 3.0-4.0: 0.5
+    assert split == {"saturated": [2.0], "not saturated": [0.2, 0.1, 0.5]}

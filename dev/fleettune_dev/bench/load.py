@@ -48,7 +48,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -300,8 +300,13 @@ def revision(meta: dict[str, Any]) -> int | None:
         return None
 
 
+class Reaction(NamedTuple):
+    end: float  # when the trial Pod's end was seen
+    seconds: float  # until the next Job of its run and pool was seen
+
+
 def reaction_latencies(pods: dict[str, PodTimes],
-                       jobs: dict[str, tuple[str, str, float, int | None]]) -> dict[str, list[float]]:
+                       jobs: dict[str, tuple[str, str, float, int | None]]) -> dict[str, list[Reaction]]:
     """Per pool: each trial Pod's end → the next Job created for the same run and pool (FIFO).
 
     "Next" is in the apiserver's order (resourceVersions) when every end and creation of
@@ -317,7 +322,7 @@ def reaction_latencies(pods: dict[str, PodTimes],
             finishes[(p.run, p.target)].append((p.finished, p.finished_rv))
     for run, target, created, rv in jobs.values():
         creations[(run, target)].append((created, rv))
-    out: dict[str, list[float]] = defaultdict(list)
+    out: dict[str, list[Reaction]] = defaultdict(list)
     for key, ends in finishes.items():
         made = creations.get(key, [])
         causal = all(rv is not None for _, rv in ends + made)
@@ -330,7 +335,7 @@ def reaction_latencies(pods: dict[str, PodTimes],
                 j += 1
             if j == len(made):
                 break  # the budget is spent: no next Job
-            out[key[1]].append(max(0.0, made[j][0] - end[0]))
+            out[key[1]].append(Reaction(end[0], max(0.0, made[j][0] - end[0])))
             j += 1
     return out
 
@@ -364,6 +369,61 @@ def quantile(values: list[float], q: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def cpu_jiffies(stat: str | None = None) -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from /proc/stat's first line: busy is
+    everything but idle and iowait (guest time is already in user)."""
+    line = (stat if stat is not None else Path("/proc/stat").read_text()).splitlines()[0]
+    fields = [int(x) for x in line.split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+@dataclass
+class CpuSampler:
+    """The machine's CPU busy share over time (all cores), sampled every ``interval``
+    seconds: whether a slow reaction coincided with a saturated machine."""
+
+    interval: float = 0.5
+    samples: list[tuple[float, float, float]] = field(default_factory=list)  # (from, to, busy share)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True, name="bench-cpu").start()
+
+    def _run(self) -> None:
+        t0, (b0, n0) = time.time(), cpu_jiffies()
+        while not self.stop.wait(self.interval):
+            t1, (b1, n1) = time.time(), cpu_jiffies()
+            if n1 > n0:
+                self.samples.append((t0, t1, (b1 - b0) / (n1 - n0)))
+            t0, b0, n0 = t1, b1, n1
+
+    def busy(self, start: float, end: float) -> float:
+        """Time-weighted busy share over [start, end] (NaN where nothing was sampled)."""
+        weight = total = 0.0
+        for a, b, share in self.samples:
+            overlap = min(b, end) - max(a, start)
+            if overlap > 0:
+                weight, total = weight + overlap, total + overlap * share
+        return total / weight if weight else float("nan")
+
+
+SATURATED = 0.95  # busy share of all cores above which the machine counts as saturated
+
+
+def reactions_by_load(reactions: list[Reaction], cpu: CpuSampler) -> dict[str, list[float]]:
+    """The reactions' seconds split by whether the machine was saturated (`SATURATED`)
+    while each took place (from the Pod's end to the next Job, at least one sample long)."""
+    out: dict[str, list[float]] = {"saturated": [], "not saturated": []}
+    for r in reactions:
+        share = cpu.busy(r.end, r.end + max(r.seconds, cpu.interval))
+        out["saturated" if share >= SATURATED else "not saturated"].append(r.seconds)
+    return out
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    return {"p50": quantile(values, 0.5), "p99": quantile(values, 0.99), "n": len(values)}
 
 
 def utilisation(pods: dict[str, PodTimes], gpus: int) -> tuple[float, float, float]:
@@ -483,6 +543,10 @@ class Report:
     latency_p50_s: float = float("nan")
     latency_p99_s: float = float("nan")
     latency_by_pool: dict[str, dict[str, float]] = field(default_factory=dict)
+    latency_by_load: dict[str, dict[str, float]] = field(default_factory=dict)  # "saturated" / "not saturated"
+    machine_busy: float = float("nan")  # mean busy share of all cores over the run
+    machine_saturated: float = float("nan")  # share of the run with the machine saturated
+    component_cpu_s: dict[str, float] = field(default_factory=dict)  # control-plane component -> CPU seconds
     job_controller_p50_s: float = float("nan")
     job_controller_p99_s: float = float("nan")
     job_controller_n: int = 0
@@ -530,6 +594,8 @@ class Report:
         ]
         for pool, q in sorted(self.latency_by_pool.items()):
             lines.append(f"    {pool:<18} p50 {q['p50']:.2f} s  p99 {q['p99']:.2f} s  n={int(q['n'])}")
+        for load, q in self.latency_by_load.items():
+            lines.append(f"    machine {load + ':':<14} p50 {q['p50']:.2f} s  p99 {q['p99']:.2f} s  n={int(q['n'])}")
         lines.append(f"    Pod end → Job Complete/Failed (the Job controller; the operator reads the Pod instead): "
                      f"p50 {self.job_controller_p50_s:.2f} s, p99 {self.job_controller_p99_s:.2f} s "
                      f"(n={self.job_controller_n}; {self.ahead_of_job_controller} Jobs deleted before)")
@@ -545,6 +611,9 @@ class Report:
             f"of {self.gpu_allocated_s:.0f} s held by trial Pods)",
             f"  operator CPU:        {self.operator_cpu_s:.0f} s ({self.operator_cpu_share:.0%} of one core); "
             f"the benchmark's own (simulator, observers): {self.harness_cpu_s:.0f} s",
+            f"  machine CPU:         {self.machine_busy:.0%} busy ({os.cpu_count()} cores), saturated "
+            f"(≥ {SATURATED:.0%}) {self.machine_saturated:.0%} of the run; control plane CPU: " + ", ".join(
+                f"{name} {sec:.0f} s" for name, sec in self.component_cpu_s.items()),
             f"  operator peak RSS:   {gib:.2f} GiB   "
             f"(target < 1 GiB: {mark(self.operator_peak_rss_bytes < TARGETS['rss_bytes'])})",
             f"  suggestion time:     {self.suggestion_s:.1f} s in total (operator metrics)",
@@ -638,6 +707,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
     sim: FleetSimulator | None = None
     observer: Observer | None = None
     profiler: subprocess.Popen[bytes] | None = None
+    cpu = CpuSampler()
     try:
         cluster.up(progress=say)
         crd = state / "crd.yaml"
@@ -666,6 +736,9 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         time.sleep(3)  # the operator's start-up (imports) is not part of the run
         req0 = apiserver_requests(api)
         cpu0, harness0 = proc_cpu_seconds(operator.pid), time.process_time()
+        pids = cluster.component_pids()
+        cp0 = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
+        cpu.start()
         t0 = time.time()
         for doc in docs:
             custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, doc)
@@ -733,10 +806,16 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         report.audit = audit(records, list(sim.answered), budget, fleet.pool_names(), in_flight)
 
         lat = reaction_latencies(observer.pods, observer.jobs)
-        every = [x for xs in lat.values() for x in xs]
-        report.latency_p50_s, report.latency_p99_s = quantile(every, 0.5), quantile(every, 0.99)
-        report.latency_by_pool = {p: {"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "n": len(xs)}
-                                  for p, xs in lat.items()}
+        every = [r for rs in lat.values() for r in rs]
+        seconds = [r.seconds for r in every]
+        report.latency_p50_s, report.latency_p99_s = quantile(seconds, 0.5), quantile(seconds, 0.99)
+        report.latency_by_pool = {p: quantiles([r.seconds for r in rs]) for p, rs in lat.items()}
+        report.latency_by_load = {k: quantiles(xs) for k, xs in reactions_by_load(every, cpu).items()}
+        report.machine_busy = cpu.busy(t0, t0 + wall)
+        report.machine_saturated = (sum(b - a for a, b, share in cpu.samples if share >= SATURATED) / wall
+                                    if wall else float("nan"))
+        report.component_cpu_s = {name: proc_cpu_seconds(pid) - cp0.get(name, 0.0)
+                                  for name, pid in pids.items() if Path(f"/proc/{pid}").exists()}
         report.utilisation, report.utilisation_steady, _ = utilisation(observer.pods, args.gpus)
         report.gpu_busy_s, report.gpu_allocated_s, report.gpu_utilisation = gpu_utilisation(observer.pods)
         capacity = {pool.name: pool.nodes * pool.gpu.per_node for pool in fleet.pools}
@@ -764,6 +843,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         api.close()
         return report
     finally:
+        cpu.stop.set()
         if observer is not None:
             observer.stop.set()
         if profiler is not None and profiler.poll() is None:

@@ -262,12 +262,18 @@ class LocalCluster:
             if not names or name in names:
                 processes.stop(rec, pid_dir=self._pids)
 
-    def running(self) -> dict[str, bool]:
+    def component_pids(self) -> dict[str, int]:
+        """The running control-plane components' process ids, by name."""
         out = {}
         for name in COMPONENTS:
             rec = processes.load(self._pids, name)
-            out[name] = rec is not None and processes.is_alive(rec)
+            if rec is not None and processes.is_alive(rec):
+                out[name] = rec.pid
         return out
+
+    def running(self) -> dict[str, bool]:
+        pids = self.component_pids()
+        return {name: name in pids for name in COMPONENTS}
 
     def status(self) -> dict[str, Any]:
         state = self._read_state()
