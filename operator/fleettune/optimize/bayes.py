@@ -38,6 +38,7 @@ from .gp import Hyper, Posterior, fit_hyper, matern52
 from .local import Scores, local_search, scoring_pool
 from .options import StrategyOptions, boolean, integer, non_negative, one_of, positive
 from .problem import Candidates, History
+from .stopping import improvements
 from .strategy import Strategy
 from .warm import WarmStart
 
@@ -97,6 +98,11 @@ class BayesOptions(StrategyOptions):
         "configuration's stall_radius-move neighbourhood: the way out of a local optimum often takes two "
         "coordinated moves, which a model fitted to the whole space undervalues. 0: never.", low=0,
     )
+    min_gain: float = non_negative(
+        0.01, "An evaluation counts as progress, for stall and prior_patience, only when it is faster than the best "
+        "so far by more than this fraction: a run of gains within timing noise around a local optimum otherwise "
+        "keeps a stalled study from ever counting as stalled. 0: every improvement counts."
+    )
     stall_radius: int = integer(2, "Moves from the best configuration that a stalled study's picks stay within.")
     stall_every: int = integer(2, "In a stalled study, every this-many-th pick stays near the best.")
     stall_paths: bool = boolean(
@@ -140,7 +146,7 @@ class BayesOpt(Strategy):
         o = self.options
         self.warm = WarmStart(
             candidates, self._features, self.fitting, top=o.prior_top, paths=o.prior_paths,
-            patience=o.prior_patience, residual=o.warm_model == "residual", fit_iter=o.fit_iter,
+            patience=o.prior_patience, gain=o.min_gain, residual=o.warm_model == "residual", fit_iter=o.fit_iter,
         )
 
     def _features(self, idx: np.ndarray, feas: bool = False) -> torch.Tensor:
@@ -386,8 +392,8 @@ class BayesOpt(Strategy):
         switches (with ``stall_paths``), then all within ``stall_radius`` moves. Empty when
         there is no best, ``stall`` is off, or none of the next ``picks`` picks is stalled
         long enough. Also the study's stall."""
-        stall, best = _stall(history)
         o = self.options
+        stall, best = _stall(history, o.min_gain)
         if o.stall <= 0 or best < 0 or stall + picks - 1 < o.stall:
             return [], stall
         rows = self.candidates.rows
@@ -407,13 +413,14 @@ class BayesOpt(Strategy):
         return stall >= k and (stall - k) % self.options.stall_every == 0
 
 
-def _stall(history: History) -> tuple[int, int]:
-    """Evaluations of this study since its best so far, and that best's candidate."""
+def _stall(history: History, gain: float) -> tuple[int, int]:
+    """Evaluations of this study since it last improved by more than ``gain``
+    (`stopping.improvements`), and its best candidate so far."""
     cur, v = history.own_values()
-    if len(cur) == 0 or not np.isfinite(v).any():
+    better = improvements(v, gain)
+    if len(better) == 0:
         return 0, -1
-    b = int(np.argmin(v))
-    return len(cur) - 1 - b, int(history.cand[cur[b]])
+    return len(cur) - 1 - int(better[-1]), int(history.cand[cur[int(np.argmin(v))]])
 
 
 def _transform(y: np.ndarray, kind: str) -> tuple[np.ndarray, float]:

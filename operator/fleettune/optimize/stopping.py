@@ -24,6 +24,22 @@ Ending = Literal["Succeeded", "Failed"]
 INFRA_ERROR_MAX = 400  # characters of the last infrastructure failure quoted in the message
 
 
+def improvements(values: np.ndarray, gain: float = 0.0) -> np.ndarray:
+    """Indices of the evaluations that improved on the best so far by more than the
+    fraction ``gain`` of it (``values``: times, lower is better; NaN or inf for failures).
+
+    The reference is the best at the last counted improvement, so a run of small gains
+    counts once they add up to ``gain``. With ``gain`` 0 every strict improvement counts.
+    """
+    out: list[int] = []
+    ref = np.inf
+    for i, v in enumerate(np.asarray(values, dtype=np.float64)):
+        if np.isfinite(v) and v < ref * (1.0 - gain):
+            out.append(i)
+            ref = v
+    return np.array(out, dtype=np.int64)
+
+
 def stop_reason(
     values: np.ndarray,
     *,
@@ -51,12 +67,8 @@ def stop_reason(
     if target is not None and finite.any() and float(np.nanmin(values)) <= target:
         return "target"
     if patience is not None and n >= patience:
-        if not finite.any():
-            last_best = -1
-        else:
-            trace = np.where(finite, values, np.inf)
-            # first index at which the final best value was reached
-            last_best = int(np.argmax(np.minimum.accumulate(trace) <= trace.min()))
+        better = improvements(values)
+        last_best = int(better[-1]) if len(better) else -1
         if n - 1 - last_best >= patience:
             return "patience"
     if deadline_s is not None and elapsed_s > deadline_s:

@@ -32,6 +32,7 @@ import torch
 from .design import feature_weights, maximin
 from .gp import PREDICT_CHUNK, Posterior, fit_hyper
 from .problem import Candidates, History
+from .stopping import improvements
 
 # Below this weight (`PriorTrust`), a warm study stops measuring the prior's best
 # configurations and probes and lets the model choose.
@@ -118,6 +119,7 @@ class WarmStart:
         top: int,
         paths: int,
         patience: int,
+        gain: float,
         residual: bool,
         fit_iter: int,
         trust: PriorTrust | None = PriorTrust(),
@@ -125,7 +127,7 @@ class WarmStart:
         self.candidates = candidates
         self._features = features
         self._fitting = fitting
-        self.top, self.paths, self.patience = top, paths, patience
+        self.top, self.paths, self.patience, self.gain = top, paths, patience, gain
         self.residual_model, self.fit_iter = residual, fit_iter
         self.trust = trust  # None: the prior keeps its full weight (the behaviour before issue 18)
         self._prior: tuple[int, Posterior, float, float] | None = None
@@ -227,8 +229,7 @@ class WarmStart:
         _, v = history.own_values()
         if len(v) <= k:
             return False
-        improved = np.flatnonzero(np.concatenate([[True], v[1:] < np.minimum.accumulate(v)[:-1]]))
-        gaps = np.diff(np.concatenate([improved, [len(v)]]))
+        gaps = np.diff(np.concatenate([[0], improvements(v, self.gain), [len(v)]]))
         return bool(gaps.max() > k)
 
     # -- the first suggestions of a warm study ------------------------------------------

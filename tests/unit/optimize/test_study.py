@@ -8,6 +8,7 @@ import torch
 
 from conftest import evaluate, hidden_infeasible, objective, run
 from fleettune.optimize import STRATEGIES, Study, bayes, stop_reason
+from fleettune.optimize.stopping import improvements
 from fleettune_job.protocol import Outcome
 
 FAST = {"fit_iter": 30}
@@ -284,6 +285,37 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
     assert free[0] > 1 and free[3] > 1, free
 
 
+def test_improvements_within_the_gain_do_not_count():
+    nan = float("nan")
+    trace = np.array([10.0, nan, 9.95, 9.9, 9.85, 9.0, 8.99, np.inf])
+    assert improvements(trace).tolist() == [0, 2, 3, 4, 5, 6]
+    # 9.95 and 9.9 are within 1 % of 10; 9.85 is not (the gains add up); 8.99 is within 1 % of 9.
+    assert improvements(trace, 0.01).tolist() == [0, 4, 5]
+    assert improvements(np.array([nan, np.inf])).tolist() == []
+
+
+def test_gains_within_timing_noise_do_not_end_a_stall(space):
+    """A study creeping down by 0.05 % per evaluation is stalled (``min_gain``, 1 % by
+    default): its picks turn to the best's neighbourhood. Counting every gain as
+    progress (``min_gain: 0``), it never stalls and picks as a study without the rule."""
+    rng = np.random.default_rng(0)
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    picked = [configs[i] for i in rng.choice(len(configs), 12, replace=False)]
+    first = objective(picked[0])
+
+    def study(options: dict) -> Study:
+        s = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 1, "stall_every": 1, **options})
+        for k, c in enumerate(picked):  # every evaluation a new best, by 0.05 %
+            s.observe(c, Outcome.OK, first * (1 - 0.0005 * k))
+        return s
+
+    best_row = space.to_rows([picked[-1]])[0]
+    (near,) = study({}).suggest(1)
+    assert int((space.to_rows([near])[0] != best_row).sum()) <= 1, near
+    assert study({"min_gain": 0}).suggest(2) == study({"stall": 0}).suggest(2)
+    assert study({}).suggest(2) != study({"stall": 0}).suggest(2)
+
+
 def test_a_stalled_study_tries_the_bests_other_code_paths_first(space):
     """With `stall_paths`, a stalled study's near picks first change only the best
     configuration's switches (here `layout` and `unroll`: 5 other combinations), then any
@@ -390,6 +422,25 @@ def test_a_prior_that_leaves_the_study_stalled_is_dropped(space):
     assert early.prior_dropped_after is None
     assert not study(False, 13).prior_dropped  # nothing to drop
     assert early.suggest(2) != study(False, 12).suggest(2)
+
+
+def test_a_prior_is_dropped_when_the_study_only_creeps(space):
+    """Gains within timing noise (0.05 % per evaluation, under ``min_gain``) are not
+    progress: the prior that led there is dropped after ``prior_patience`` of them, as
+    after as many evaluations without any gain; with ``min_gain: 0`` it is kept."""
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    rng = np.random.default_rng(3)
+    prior = [(configs[i], Outcome.OK, 10.0 / objective(configs[i])) for i in rng.choice(len(configs), 60, False)]
+    own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
+
+    def study(options: dict) -> Study:
+        s = Study(space, seed=4, prior=prior, options={**FAST, "prior_patience": 12, **options})
+        for k, c in enumerate(own):
+            s.observe(c, Outcome.OK, 5.0 * (1 - 0.0005 * k))
+        return s
+
+    assert study({}).prior_dropped
+    assert not study({"min_gain": 0}).prior_dropped
 
 
 def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
