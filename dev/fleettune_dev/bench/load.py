@@ -15,7 +15,9 @@ default), waits for them to finish and prints:
   the operator creates for the same run and pool (FIFO matching, the opening burst of
   each run excluded);
 * operator CPU seconds and peak RSS (VmHWM), and the CPU of this process (simulator and
-  observers, which share the machine with the control plane); API requests per second and per
+  observers, which share the machine with the control plane); the machine's CPU (busy
+  share, time saturated, each control-plane component's seconds) and the reactions split
+  by whether the machine was saturated while they took place; API requests per second and per
   evaluation (the apiserver's ``apiserver_request_total`` delta, every client included, over
   the configurations recorded) and the busiest verbs;
 * GPU utilisation: the evaluations' GPU time (what each trial Pod reports as run time) over
