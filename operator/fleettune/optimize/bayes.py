@@ -5,8 +5,9 @@ it only as believers, see `_bayes`), one GP classifier for feasibility, LogEI +
 feas_power * log P(feasible) over the not-yet-evaluated candidates (EI on the model's
 variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
-After a long stall, every other pick stays within two moves of the best configuration,
-its other code paths first (see ``stall``, ``stall_paths``). Hyperparameters are
+After a long stall (gains within ``min_gain`` do not end one), every other pick stays
+within two moves of the best configuration, its other code paths first (see ``stall``,
+``stall_paths``). Hyperparameters are
 refitted on a schedule of history lengths, each fit warm-started from the previous
 checkpoint's fit, so that a study rebuilt from its stored history retraces the same fits
 and suggests the same.

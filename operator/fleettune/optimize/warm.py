@@ -13,7 +13,8 @@ follows the rank correlation between what the prior predicts at this pool's meas
 points and what this pool measured there; once the weight falls low, the study stops
 measuring the prior's picks and completes a cold study's space-filling design instead
 (`WarmStart.design`). A prior that leaves the study ``patience`` evaluations without
-improvement is dropped altogether (`WarmStart.misleads`).
+improvement (of more than ``gain``, `stopping.improvements`) is dropped altogether
+(`WarmStart.misleads`).
 
 Why checked rather than trusted, and the measurements behind these choices: see
 docs/optimizer.md.
@@ -218,7 +219,8 @@ class WarmStart:
 
     def misleads(self, history: History) -> bool:
         """Whether this study, with prior data, has at some point gone ``patience``
-        evaluations without improving: from then on the prior is dropped.
+        evaluations without improving by more than ``gain``: from then on the prior is
+        dropped.
 
         The residual model trusts the prior's shape wherever this pool has no data, so a
         prior whose good region is bad here can hold the search in it, while a cold start
