@@ -770,6 +770,7 @@ def run_benchmark(args: argparse.Namespace) -> Report:
                 break
             time.sleep(2)
         wall = time.time() - t0
+        cpu.stop.set()  # the run is over: what follows is the bench's own accounting
         report.wall_s = wall
         if operator.poll() is None:
             report.operator_cpu_s = proc_cpu_seconds(operator.pid) - cpu0
@@ -814,8 +815,8 @@ def run_benchmark(args: argparse.Namespace) -> Report:
         report.latency_by_pool = {p: quantiles([r.seconds for r in rs]) for p, rs in lat.items()}
         report.latency_by_load = {k: quantiles(xs) for k, xs in reactions_by_load(every, cpu).items()}
         report.machine_busy = cpu.busy(t0, t0 + wall)
-        report.machine_saturated = (sum(b - a for a, b, share in cpu.samples if share >= SATURATED) / wall
-                                    if wall else float("nan"))
+        report.machine_saturated = (sum(min(b, t0 + wall) - max(a, t0) for a, b, share in cpu.samples
+                                        if share >= SATURATED and b > t0) / wall if wall else float("nan"))
         report.component_cpu_s = {name: proc_cpu_seconds(pid) - cp0.get(name, 0.0)
                                   for name, pid in pids.items() if Path(f"/proc/{pid}").exists()}
         report.utilisation, report.utilisation_steady, _ = utilisation(observer.pods, args.gpus)
