@@ -81,6 +81,12 @@ class BayesOptions(StrategyOptions):
         15, "With warm-start data, a study that goes this many evaluations without improving drops the prior for "
         "good; 0: never.", low=0,
     )
+    prior_hedge: int = integer(
+        2, "With warm-start data, once the prior's first picks are measured, every this-many-th pick is the one a "
+        "cold study would make from this pool's own results, the prior left out: a prior whose best region is "
+        "only good here (which its rank correlation cannot see) then holds the search at most in the other "
+        "picks. 0: never.", low=0,
+    )
     local_starts: int = integer(5, "Local search: start from this many of the best candidates.")
     local_rounds: int = integer(3, "Local search: at most this many rounds of one-move neighbourhoods.")
     warm_refit: bool = boolean(
@@ -242,8 +248,26 @@ class BayesOpt(Strategy):
             return seeds[:n]
         rest = available.copy()
         rest[seeds] = False
-        more = self._bayes(n - len(seeds), history, np.concatenate([pending, seeds]), rest, rng)
+        taken = np.concatenate([pending, seeds])
+        n_cold = self._hedged(n_current + len(taken), n - len(seeds)) if has_prior else 0
+        n_warm = n - len(seeds) - n_cold
+        more = self._bayes(n_warm, history, taken, rest, rng) if n_warm else np.zeros(0, dtype=np.int64)
+        if n_cold:
+            # Exactly what a cold study would pick from this pool's results alone (its
+            # generator, its chain of fits; its design while fewer than two of them ran).
+            cold = history.without_prior()
+            taken = np.concatenate([taken, more])
+            rest[more] = False
+            pick = self._design if int(cold.feasible.sum()) < 2 else self._bayes
+            more = np.concatenate([more, pick(n_cold, cold, taken, rest, self.rng(cold, taken))])
         return np.concatenate([seeds, more])
+
+    def _hedged(self, first: int, n: int) -> int:
+        """How many of ``n`` model picks, the first of them this study's ``first``-th own
+        evaluation (counting from 0, pending ones included), are a cold study's
+        (``prior_hedge``)."""
+        k = self.options.prior_hedge
+        return 0 if k <= 0 else sum(1 for i in range(first, first + n) if i % k == k - 1)
 
     def prior_misleads(self, history: History) -> bool:
         """Whether the warm-start data are dropped (see `WarmStart.misleads`)."""

@@ -131,11 +131,13 @@ def test_the_weight_comes_back_when_the_pool_agrees_again(space) -> None:
 def test_a_reversed_prior_costs_little_against_a_cold_start(space, optimum, seed) -> None:
     """With the trust rule, a warm start from a reversed landscape gets as close to the
     optimum in 20 evaluations as a cold start, give or take; without it (the prior
-    trusted until ``prior_patience`` runs out) it stays further away."""
+    trusted until ``prior_patience`` runs out, and none of the picks a cold study's: the
+    behaviour before issue 18) it stays further away."""
     prior = _prior(space, lambda c: 10.0 / objective(c), seed=seed)
 
     def best(trust: bool, with_prior: bool = True) -> float:
-        study = Study(space, seed=seed, prior=prior if with_prior else (), options=FAST)
+        options = FAST if trust else {**FAST, "prior_hedge": 0}
+        study = Study(space, seed=seed, prior=prior if with_prior else (), options=options)
         if not trust:
             study.strategy.warm.trust = None
         trace, _ = run(study, 20)
@@ -162,3 +164,29 @@ def test_a_cold_study_has_no_weight_to_lose(space) -> None:
     study = Study(space, seed=4, options=FAST)
     run(study, 6)
     assert study.strategy.warm.weight(study.history) == 1.0
+
+
+def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
+    """``prior_hedge`` 2: once the prior's first picks are measured, a warm study's pick at
+    an odd count of its own evaluations is exactly the pick of a study without the prior
+    that measured the same; the other picks follow the prior, and with ``prior_hedge`` 0
+    all do. (A prior whose best region is only good here keeps a correct rank correlation,
+    so only these picks get the study out of that region before ``prior_patience``.)"""
+    prior = _prior(space, lambda c: 1.7 * objective(c))
+    configs = _configs(space)
+    rng = np.random.default_rng(6)
+    own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
+
+    def study(n: int, with_prior: bool = True, **options) -> Study:
+        s = Study(space, seed=4, prior=prior if with_prior else (), options={**FAST, **options})
+        for c in own[:n]:
+            s.observe(c, Outcome.OK, objective(c))
+        return s
+
+    assert study(13).strategy.warm.weight(study(13).history) == 1.0  # a trusted prior
+    assert study(13).suggest(1) == study(13, with_prior=False).suggest(1)
+    assert study(12).suggest(1) != study(12, with_prior=False).suggest(1)
+    assert study(13, prior_hedge=0).suggest(1) != study(13, with_prior=False).suggest(1)
+    # In a batch, the picks at odd counts are the cold study's: two of four here.
+    assert study(12).strategy._hedged(12, 4) == 2
+    assert study(12, prior_hedge=3).strategy._hedged(12, 4) == 1  # own evaluation 14
