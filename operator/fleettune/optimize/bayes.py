@@ -15,8 +15,8 @@ and suggests the same.
 Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
 configurations and probes of other code paths first, then a residual model on top of the
 prior's GP, refitted after each of this pool's first evaluations (``warm_refit``); after the
-first suggestions, every ``prior_hedge``-th pick is the one a cold study would make from this
-pool's results alone; a prior that leaves the study ``prior_patience`` evaluations without
+first suggestions, every ``prior_hedge``-th pick is the model's pick from this pool's results
+alone; a prior that leaves the study ``prior_patience`` evaluations without
 improvement is dropped, and from then on the study is a cold one that keeps its own
 observations.
 
@@ -84,10 +84,10 @@ class BayesOptions(StrategyOptions):
         "good; 0: never.", low=0,
     )
     prior_hedge: int = integer(
-        2, "With warm-start data, once the prior's first picks are measured, every this-many-th pick is the one a "
-        "cold study would make from this pool's own results, the prior left out: a prior whose best region is "
-        "only good here (which its rank correlation cannot see) then holds the search at most in the other "
-        "picks. 0: never.", low=0,
+        2, "With warm-start data, once the prior's first picks are measured, every this-many-th pick is the "
+        "model's pick from this pool's own results alone, the prior left out (as a cold study past its design "
+        "picks): a prior whose best region is only good here (which its rank correlation cannot see) then holds "
+        "the search at most in the other picks. 0: never.", low=0,
     )
     local_starts: int = integer(5, "Local search: start from this many of the best candidates.")
     local_rounds: int = integer(3, "Local search: at most this many rounds of one-move neighbourhoods.")
@@ -255,8 +255,9 @@ class BayesOpt(Strategy):
         n_warm = n - len(seeds) - n_cold
         more = self._bayes(n_warm, history, taken, rest, rng) if n_warm else np.zeros(0, dtype=np.int64)
         if n_cold:
-            # Exactly what a cold study would pick from this pool's results alone (its
-            # generator, its chain of fits; its design while fewer than two of them ran).
+            # The model's pick from this pool's results alone, exactly as a cold study past
+            # its design makes it (its generator, its chain of fits); a space-filling one
+            # while fewer than two of them ran.
             cold = history.without_prior()
             taken = np.concatenate([taken, more])
             rest[more] = False

@@ -169,8 +169,8 @@ def test_a_cold_study_has_no_weight_to_lose(space) -> None:
 def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
     """``prior_hedge`` 2: once the prior's first picks are measured, a warm study's pick at
     an odd count of its own evaluations is exactly the pick of a study without the prior
-    that measured the same; the other picks follow the prior, and with ``prior_hedge`` 0
-    all do. (A prior whose best region is only good here keeps a correct rank correlation,
+    that measured the same (past its design, as here); the other picks follow the prior,
+    and with ``prior_hedge`` 0 all do. (A prior whose best region is only good here keeps a correct rank correlation,
     so only these picks get the study out of that region before ``prior_patience``.)"""
     prior = _prior(space, lambda c: 1.7 * objective(c))
     configs = _configs(space)
