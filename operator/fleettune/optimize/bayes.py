@@ -16,9 +16,8 @@ Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
 configurations and probes of other code paths first, then a residual model on top of the
 prior's GP, refitted after each of this pool's first evaluations (``warm_refit``); after the
 first suggestions, every ``prior_hedge``-th pick is the model's pick from this pool's results
-alone; a prior that leaves the study ``prior_patience`` evaluations without
-improvement is dropped, and from then on the study is a cold one that keeps its own
-observations.
+alone; a prior that leaves the study ``prior_patience`` evaluations without improvement is
+dropped, and from then on the study is a cold one that keeps its own observations.
 
 The options are declared in `BayesOptions`; the measurements behind their defaults are
 in docs/optimizer.md.

@@ -170,8 +170,9 @@ def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
     """``prior_hedge`` 2: once the prior's first picks are measured, a warm study's pick at
     an odd count of its own evaluations is exactly the pick of a study without the prior
     that measured the same (past its design, as here); the other picks follow the prior,
-    and with ``prior_hedge`` 0 all do. (A prior whose best region is only good here keeps a correct rank correlation,
-    so only these picks get the study out of that region before ``prior_patience``.)"""
+    and with ``prior_hedge`` 0 all do. (A prior whose best region is only good here keeps
+    a correct rank correlation, so only these picks get the study out of that region
+    before ``prior_patience``.)"""
     prior = _prior(space, lambda c: 1.7 * objective(c))
     configs = _configs(space)
     rng = np.random.default_rng(6)
@@ -183,8 +184,9 @@ def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
             s.observe(c, Outcome.OK, objective(c))
         return s
 
-    assert study(13).strategy.warm.weight(study(13).history) == 1.0  # a trusted prior
-    assert study(13).suggest(1) == study(13, with_prior=False).suggest(1)
+    warm = study(13)
+    assert warm.strategy.warm.weight(warm.history) == 1.0  # a trusted prior
+    assert warm.suggest(1) == study(13, with_prior=False).suggest(1)
     assert study(12).suggest(1) != study(12, with_prior=False).suggest(1)
     assert study(13, prior_hedge=0).suggest(1) != study(13, with_prior=False).suggest(1)
     # In a batch, the picks at odd counts are the cold study's: two of four here.
