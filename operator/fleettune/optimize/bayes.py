@@ -7,10 +7,9 @@ variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
 After a long stall (gains within ``min_gain`` do not end one), every other pick stays
 within two moves of the best configuration, its other code paths first (see ``stall``,
-``stall_paths``). Hyperparameters are
-refitted on a schedule of history lengths, each fit warm-started from the previous
-checkpoint's fit, so that a study rebuilt from its stored history retraces the same fits
-and suggests the same.
+``stall_paths``). Hyperparameters are refitted on a schedule of history lengths, each fit
+warm-started from the previous checkpoint's fit, so that a study rebuilt from its stored
+history retraces the same fits and suggests the same.
 
 Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
 configurations and probes of other code paths first, then a residual model on top of the
