@@ -207,7 +207,7 @@ def main(argv: list[str]) -> int:
 
     try:
         run, records, namespace = store.read_run(args.run, args.namespace, args.kubeconfig, args.context)
-    except store.RunNotFound as exc:
+    except store.ReadError as exc:
         print(f"fleettune export: {exc}", file=sys.stderr)
         return 1
     try:

@@ -12,9 +12,9 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from fleettune import prediction
+from fleettune import prediction, store
 from fleettune.prediction import Observations, Records, observations, recommend
 from fleettune.sizes import ProblemSize, parse_size, problem_size, size_key, target_of_key
 
@@ -58,28 +58,19 @@ def check_against(space: Any, config: dict[str, Any], path: str) -> dict[str, An
     return out
 
 
-def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Records, str]:
-    """Records of one pool of a TuningRun from the cluster (current kubeconfig)."""
-    from kubernetes import client, config
-
-    from fleettune import GROUP, VERSION
+def _run_records(args: argparse.Namespace) -> tuple[Any, Records, str, str]:
+    """Records of one pool of a TuningRun from the cluster, read as `fleettune report` reads
+    them (`store.read_run`); returns (space, records by size, pool, namespace)."""
+    from fleettune import store
     from fleettune.space import SearchSpace, lookup_device
     from fleettune.space.errors import SpaceError
-    from fleettune.store import ResultsStore
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    # The client returns the object's JSON as a dict (typed `object`).
-    obj = cast(dict[str, Any], client.CustomObjectsApi().get_namespaced_custom_object(
-        GROUP, VERSION, namespace, "tuningruns", run
-    ))
+    obj, records, namespace = store.read_run(args.run, args.namespace, args.kubeconfig, args.context)
     spec, status = obj["spec"], obj.get("status") or {}
     pools = [t["name"] for t in spec["targets"]]
-    pool = target or pools[0]
+    pool = args.target or pools[0]
     if pool not in pools:
-        raise ValueError(f"run {run} has no target {pool!r} (targets: {', '.join(pools)})")
+        raise ValueError(f"run {args.run} has no target {pool!r} (targets: {', '.join(pools)})")
     device_name = next((t.get("device") for t in status.get("targets", [])
                         if (t.get("target") or t.get("name")) == pool and t.get("device")), None)
     try:
@@ -87,21 +78,22 @@ def _run_records(run: str, namespace: str, target: str | None) -> tuple[Any, Rec
     except SpaceError:
         device = None
     space = SearchSpace.from_spec(spec["parameters"], spec.get("constraints") or [], device)
-    records = ResultsStore(client.CoreV1Api(), namespace, run, obj["metadata"]["uid"]).load()
     default_size = spec["kernel"].get("problemSize") or []
     by_size: dict[ProblemSize, list[TrialRecord]] = {}
     for r in records:
         if target_of_key(r.target) == pool:
             # Records of runs that tune several sizes carry theirs; the others the kernel's.
             by_size.setdefault(problem_size(r.problem_size or default_size), []).append(r)
-    return space, {size: observations(recs) for size, recs in by_size.items()}, pool
+    return space, {size: observations(recs) for size, recs in by_size.items()}, pool, namespace
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleettune predict", description=f"{__doc__}\n{prediction.__doc__}",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="TuningRun whose stored results to use")
-    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--context")
     p.add_argument("--target", help="pool (default: the run's first target)")
     p.add_argument("--cache", action="append", default=[],
                    help="offline: a Kernel Tuner cache of one tuned size (repeatable)")
@@ -123,9 +115,12 @@ def main(argv: list[str]) -> int:
             space, by_size = _cache_records(args.cache)
             source = f"{len(args.cache)} cache file(s)"
         else:
-            space, by_size, pool = _run_records(args.run, args.namespace, args.target)
-            source = f"run {args.namespace}/{args.run}, pool {pool}"
+            space, by_size, pool, namespace = _run_records(args)
+            source = f"run {namespace}/{args.run}, pool {pool}"
         rec = recommend(space, by_size, size)
+    except store.ReadError as exc:
+        print(f"fleettune predict: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, OSError) as exc:
         print(f"fleettune predict: {exc}", file=sys.stderr)
         return 2

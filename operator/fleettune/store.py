@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -233,41 +234,68 @@ class ResultsStore:
 # ---------------------------------------------------------------------- read from outside the operator
 
 
-class RunNotFound(LookupError):
+class ReadError(Exception):
+    """A person's command cannot read a run: the message says why, in one line."""
+
+
+class RunNotFound(ReadError, LookupError):
     """No TuningRun of that name in that namespace."""
 
 
 def read_run(name: str, namespace: str | None = None, kubeconfig: str | None = None,
              context: str | None = None) -> tuple[dict[str, Any], list[TrialRecord], str]:
     """A TuningRun and every record of its results store, as a person's command reads them
-    (`fleettune report`, `fleettune export`): with a kubeconfig (``$KUBECONFIG`` or
+    (`fleettune report`, `export`, `predict`): with a kubeconfig (``$KUBECONFIG`` or
     ``~/.kube/config``; the context's namespace when none is given), or in a Pod, its service
-    account. Returns (the run as a dict, its records, the namespace); raises RunNotFound,
-    or the client's ApiException for any other refusal."""
+    account. Returns (the run as a dict, its records, the namespace); raises RunNotFound, or
+    ReadError for a kubeconfig that cannot be used, an API server that cannot be reached or
+    a refusal (the server's own words: which user may not do what)."""
     from pathlib import Path
 
     from kubernetes import config
+    from urllib3.exceptions import HTTPError
 
     sa = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-    if kubeconfig or context or not (sa / "token").exists():
-        api = config.new_client_from_config(config_file=kubeconfig, context=context)
-        if namespace is None:
-            contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
-            if context:
-                active = next((c for c in contexts if c["name"] == context), active)
-            namespace = (active or {}).get("context", {}).get("namespace") or "default"
-    else:
-        config.load_incluster_config()
-        api = client.ApiClient()
-        namespace = namespace or (sa / "namespace").read_text().strip()
+    from_file = bool(kubeconfig or context or not (sa / "token").exists())
+    try:
+        if from_file:
+            api = config.new_client_from_config(config_file=kubeconfig, context=context)
+            if namespace is None:
+                contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+                if context:
+                    active = next((c for c in contexts if c["name"] == context), active)
+                namespace = (active or {}).get("context", {}).get("namespace") or "default"
+        else:
+            config.load_incluster_config()
+            api = client.ApiClient()
+            namespace = namespace or (sa / "namespace").read_text().strip()
+    except (config.ConfigException, OSError) as exc:
+        where = f"the kubeconfig {kubeconfig or '($KUBECONFIG or ~/.kube/config)'}" if from_file \
+            else "the Pod's service account"
+        raise ReadError(f"cannot use {where}: {exc}") from None
+    what = f"TuningRun {name!r} in namespace {namespace}"
+    run: dict[str, Any] = {}
     with api:
         try:
             # A dict: the client builds no model for custom objects.
-            run: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
+            run = client.CustomObjectsApi(api).get_namespaced_custom_object(  # type: ignore[assignment]
                 GROUP, VERSION, namespace, PLURAL, name)
+            records = ResultsStore(client.CoreV1Api(api), namespace, name, run["metadata"]["uid"]).load()
         except ApiException as exc:
-            if exc.status == 404:
-                raise RunNotFound(f"no TuningRun {name!r} in namespace {namespace}") from None
-            raise
-        records = ResultsStore(client.CoreV1Api(api), namespace, name, run["metadata"]["uid"]).load()
+            if exc.status == 404 and not run:
+                raise RunNotFound(f"no {what}") from None
+            whose = f"the results of {what}" if run else what
+            raise ReadError(f"the API server refused to read {whose}: {_refusal(exc)}") from None
+        except (HTTPError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise ReadError(f"cannot reach the API server {api.configuration.host}: {reason}") from None
     return run, records, namespace
+
+
+def _refusal(exc: ApiException) -> str:
+    """The status code and the server's message (a Status object's ``message``)."""
+    try:
+        message = json.loads(exc.body or "{}").get("message") or ""
+    except (ValueError, AttributeError):
+        message = ""
+    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")

@@ -50,8 +50,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
 
-    from fleettune import logs
+    from kubernetes.config import ConfigException
 
+    from fleettune import logs
+    from fleettune.controller.kube import load_api_client
+
+    try:  # before kopf, whose answer would be a traceback about login handlers
+        load_api_client().close()
+    except ConfigException as exc:
+        parser.exit(2, f"fleettune operator: no cluster to run against: not in a Pod, and the kubeconfig "
+                       f"($KUBECONFIG or ~/.kube/config) cannot be used: {exc}\n")
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)
     from fleettune.controller.handlers import OperatorState  # importing it registers the handlers
     from fleettune.metrics import operator_metrics, start_http_server
