@@ -6,8 +6,9 @@ feas_power * log P(feasible) over the not-yet-evaluated candidates (EI on the mo
 variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
 After a long stall (gains within ``min_gain`` do not end one), every other pick stays
-within two moves of the best configuration, its other code paths first (see ``stall``,
-``stall_paths``). Hyperparameters are refitted on a schedule of history lengths, each fit
+within two moves of the best configuration, its other code paths first, then those of the
+best configuration of another region almost as good (see ``stall``, ``stall_paths``,
+``stall_leaders``). Hyperparameters are refitted on a schedule of history lengths, each fit
 warm-started from the previous checkpoint's fit, so that a study rebuilt from its stored
 history retraces the same fits and suggests the same.
 
@@ -42,6 +43,8 @@ from .problem import Candidates, History
 from .stopping import improvements
 from .strategy import Strategy
 from .warm import WarmStart
+
+LEADER_GAP = 0.03  # a runner-up region's best is at most this much slower than the best (stall_leaders)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,14 @@ class BayesOptions(StrategyOptions):
         "switches changed: booleans, categoricals, 0/1 flags; within stall_radius moves), then its whole "
         "neighbourhood: the way off one code path's optimum can take two flags flipped together, which a model "
         "that has seen one flipped without the other ranks low."
+    )
+    stall_leaders: int = integer(
+        1, "With stall_paths, a stalled study's near picks then try the other code paths of this many "
+        "runners-up from other regions (each more than stall_radius moves from the best and from the runners-up "
+        f"before it, and within {100 * LEADER_GAP:g} % of the best), before the best's whole neighbourhood: a "
+        "narrow optimum can sit one flag away from a region the study measured as almost as good as its best, "
+        "far from the best. 0: none.",
+        low=0,
     )
 
 
@@ -430,13 +441,39 @@ class BayesOpt(Strategy):
         if o.stall_paths and switches and len(switches) < rows.shape[1]:
             sizes = np.ones(rows.shape[1], dtype=bool)
             sizes[switches] = False
-            out.insert(0, torch.as_tensor(near & ~moved[:, sizes].any(axis=1)))
+
+            def paths(of: int) -> torch.Tensor:
+                """Within stall_radius moves of ``of``, only its switches changed."""
+                m = rows[scored] != rows[of]
+                return torch.as_tensor((m.sum(axis=1) <= o.stall_radius) & ~m[:, sizes].any(axis=1))
+
+            out[:0] = [paths(c) for c in [best, *_runners_up(history, rows, o.stall_radius, o.stall_leaders)]]
         return out, stall
 
     def _stalled_pick(self, stall: int) -> bool:
         """Whether a pick made at this stall stays near the best."""
         k = self.options.stall
         return stall >= k and (stall - k) % self.options.stall_every == 0
+
+
+def _runners_up(history: History, rows: np.ndarray, radius: int, most: int) -> list[int]:
+    """The best measured configurations of other regions, best first: each more than
+    ``radius`` moves from the best and from the ones before it, within `LEADER_GAP` of the
+    best; at most ``most``."""
+    if most <= 0:
+        return []
+    cur, v = history.own_values()
+    order = np.argsort(v, kind="stable")
+    kept: list[int] = []
+    for j in order:
+        if not np.isfinite(v[j]) or v[j] > v[order[0]] * (1 + LEADER_GAP):
+            break
+        c = int(history.cand[cur[j]])
+        if c >= 0 and all(int((rows[c] != rows[k]).sum()) > radius for k in kept):
+            kept.append(c)
+            if len(kept) > most:
+                break
+    return kept[1:]
 
 
 def _stall(history: History, gain: float) -> tuple[int, int]:

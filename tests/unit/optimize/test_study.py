@@ -344,6 +344,43 @@ def test_a_stalled_study_tries_the_bests_other_code_paths_first(space):
     assert any(moved - {"layout", "unroll"} for moved in anywhere[:5]), anywhere
 
 
+def test_a_stalled_study_then_tries_a_runner_up_regions_code_paths(space):
+    """With `stall_leaders`, once the best's other code paths are measured, a stalled
+    study's near picks try those of the best configuration of another region (more than
+    `stall_radius` moves from the best, within 3 % of it), before the best's whole
+    neighbourhood; a region 10 % behind, or `stall_leaders: 0`, gets none."""
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    sizes = ("bx", "by", "tile")
+    best = next(c for c in configs if (c["bx"], c["by"], c["tile"]) == (32, 1, 2))
+    runner = next(c for c in configs if (c["bx"], c["by"], c["tile"]) == (128, 4, 6))
+    rng = np.random.default_rng(0)
+    others = [configs[i] for i in rng.choice(len(configs), 10, replace=False)]
+
+    def picks(options: dict, behind: float) -> list[dict]:
+        study = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 2, "stall_every": 1, **options})
+        study.observe(best, Outcome.OK, 1.0)
+        study.observe(runner, Outcome.OK, 1.0 + behind)
+        for c in others:
+            if key(c) not in {key(best), key(runner)}:
+                study.observe(c, Outcome.OK, 2.0 + objective(c))
+        out = []
+        for _ in range(8):
+            (c,) = study.suggest(1)
+            out.append(c)
+            study.observe(c, Outcome.OK, 1.5)  # no improvement
+        return out
+
+    def same_sizes(c: dict, as_: dict) -> bool:
+        return all(c[k] == as_[k] for k in sizes)
+
+    got = picks({}, 0.02)
+    assert all(same_sizes(c, best) for c in got[:5]), got[:5]  # the best's 5 other code paths
+    assert all(same_sizes(c, runner) and key(c) != key(runner) for c in got[5:8]), got[5:8]
+    for no_leader in (picks({"stall_leaders": 0}, 0.02), picks({}, 0.10)):
+        assert all(same_sizes(c, best) for c in no_leader[:5]), no_leader[:5]
+        assert not same_sizes(no_leader[5], runner), no_leader[5]
+
+
 def test_a_stalled_study_batch_alternates_like_one_at_a_time_picks(space):
     """A batch's picks alternate between the best's neighbourhood and the model's choice,
     whatever the parity of the stall when the batch is asked for: outstanding
