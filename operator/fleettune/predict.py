@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleettune import prediction, store
+from fleettune import prediction
 from fleettune.prediction import Observations, Records, observations, recommend
 from fleettune.sizes import ProblemSize, parse_size, problem_size, size_key, target_of_key
 
@@ -107,6 +107,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
+    from fleettune import store
+
     args = parse_args(argv)
     by_size: Records
     try:
