@@ -61,7 +61,8 @@ def test_the_operator_without_a_cluster_says_so_before_starting(tmp_path: Path, 
     from fleettune.controller.run import main as operator_main
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    # (The client reads $KUBECONFIG once, at import.)
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "absent"))
     with pytest.raises(SystemExit) as info:
         operator_main(["--metrics-port", "0"])
     assert info.value.code == 2

@@ -511,7 +511,7 @@ def test_chart_files_are_tracked_by_path() -> None:
 
 @pytest.mark.parametrize("values", ["", *VALUE_FILES])
 def test_deployment_args_are_accepted_by_the_operator_cli(
-    chart: Helm, values: str, monkeypatch: pytest.MonkeyPatch
+    chart: Helm, values: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The chart and `fleettune operator` agree on flags (a mismatch is a crash-looping pod)."""
     import asyncio
@@ -527,6 +527,17 @@ def test_deployment_args_are_accepted_by_the_operator_cli(
         return asyncio.sleep(0)
 
     monkeypatch.setattr(kopf, "operator", fake_operator)
+    # The operator checks that it has a cluster before it starts (in its Pod, the service
+    # account): a kubeconfig stands in for it, never contacted.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    # (The client reads $KUBECONFIG once, at import.)
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     from fleettune import metrics
 
     served: list[tuple[Any, ...]] = []
