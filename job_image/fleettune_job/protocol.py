@@ -30,6 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PROTOCOL_VERSION: Final = 1
 MAX_MESSAGE_BYTES = 4096  # kubelet truncates termination messages at 4 KiB
 TRIAL_ENV = "FLEETTUNE_TRIAL"
+# Timed launches a configuration gets before ``prune_above_ms`` applies: enough to tell a
+# configuration twice as slow as the best from timing noise.
+PRUNE_RUNS: Final = 3
 TERMINATION_LOG = "/dev/termination-log"
 CONTAINER_NAME = "trial"
 
@@ -145,6 +148,10 @@ class Trial(_Strict):
     repeats: int = Field(default=7, ge=1)
     min_duration_s: float = Field(default=0.0, ge=0)
     timeout_s: float = Field(default=60.0, gt=0)
+    # Pruning: timing stops after PRUNE_RUNS timed launches when they average above this
+    # (ms). The operator sets it to a multiple of the pool's best time: a configuration that
+    # slow cannot become the best, and PRUNE_RUNS launches place it for the optimiser.
+    prune_above_ms: float | None = Field(default=None, gt=0)
 
     def to_env(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -178,6 +185,7 @@ class Batch(_Strict):
     repeats: int = Field(default=7, ge=1)
     min_duration_s: float = Field(default=0.0, ge=0)
     timeout_s: float = Field(default=60.0, gt=0)
+    prune_above_ms: float | None = Field(default=None, gt=0)  # as a Trial's, for every entry
 
     @field_validator("entries")
     @classmethod

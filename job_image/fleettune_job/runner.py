@@ -294,10 +294,12 @@ def _timed(cupy: Any, trial: Trial, launch: Callable[[], None], state: _State, s
         min_duration_s=trial.min_duration_s,
         deadline=started + MEASURE_BUDGET * trial.timeout_s,
         clock=clock,
+        prune_above_ms=trial.prune_above_ms,
     )
     stats = summarize(times)
     rate = f", {flops / stats.median / 1e6:.1f} GFLOP/s" if flops and stats.median > 0 else ""
-    log(f"timed: {stats.line()}{rate}")
+    pruned = f" (pruned: over {trial.prune_above_ms:g} ms)" if len(times) < trial.repeats else ""
+    log(f"timed: {stats.line()}{rate}{pruned}")
     if not stats.median > 0:
         raise RuntimeError(f"CUDA events returned a non-positive median time {stats.median}")
     return TrialResult(

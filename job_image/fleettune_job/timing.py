@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fleettune_job.protocol import PRUNE_RUNS
+
 Launch = Callable[[], None]
 Timer = Callable[[Launch], float]
 
@@ -76,13 +78,16 @@ def measure(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     max_repeats: int = MAX_REPEATS,
+    prune_above_ms: float | None = None,
+    prune_runs: int = PRUNE_RUNS,
 ) -> list[float]:
     """Run ``warmups`` untimed launches, then timed ones until both ``repeats`` launches
     and ``min_duration_s`` of kernel time are reached.
 
     Extra launches for the minimum duration stop at ``deadline`` (a ``clock()`` value) so
     that a trial returns its measurement instead of running into its own timeout; the
-    requested ``repeats`` always run.
+    requested ``repeats`` always run, unless pruned: once ``prune_runs`` launches average
+    above ``prune_above_ms``, the configuration is too slow to matter beyond them.
     """
     for _ in range(warmups):
         timer(launch)
@@ -90,6 +95,8 @@ def measure(
     total_s = 0.0
     while len(times) < repeats or (total_s < min_duration_s and len(times) < max_repeats):
         if len(times) >= repeats and deadline is not None and clock() >= deadline:
+            break
+        if prune_above_ms is not None and len(times) == prune_runs and total_s * 1000.0 / prune_runs > prune_above_ms:
             break
         elapsed = timer(launch)
         times.append(elapsed)

@@ -102,9 +102,16 @@ def kernel_ref(spec: TuningRunSpec, source_digest: str | None = None) -> dict[st
     }
 
 
+def prune_above_ms(spec: TuningRunSpec, best_ms: float | None) -> float | None:
+    """The time (ms) above which a trial's timing stops early (`kernel.pruneSlowerThan` ×
+    the target's best so far); None when nothing is measured yet or pruning is off."""
+    factor = spec.kernel.prune_slower_than
+    return factor * best_ms if factor > 0 and best_ms is not None and best_ms > 0 else None
+
+
 def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any],
                key: str | None = None, problem_size: Sequence[int] | None = None,
-               source_digest: str | None = None) -> Trial:
+               source_digest: str | None = None, best_ms: float | None = None) -> Trial:
     kernel = spec.kernel
     return Trial.model_validate(
         {
@@ -117,14 +124,15 @@ def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
             "warmups": kernel.warmups,
             "repeats": kernel.repeats,
             "timeout_s": float(spec.budget.trial_timeout_seconds),
+            "prune_above_ms": prune_above_ms(spec, best_ms),
         }
     )
 
 
 def make_batch(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, configs: Sequence[dict[str, Any]],
                key: str | None = None, problem_size: Sequence[int] | None = None,
-               source_digest: str | None = None) -> Batch:
-    one = make_trial(run, spec, target, index, configs[0], key, problem_size, source_digest)
+               source_digest: str | None = None, best_ms: float | None = None) -> Batch:
+    one = make_trial(run, spec, target, index, configs[0], key, problem_size, source_digest, best_ms)
     common = one.model_dump(exclude={"index", "config"})
     entries = [{"index": index + n, "config": c} for n, c in enumerate(configs)]
     return Batch.model_validate(common | {"entries": entries})
@@ -202,12 +210,17 @@ def render_job(
     source_digest: str | None = None,
     policy: TrialPolicy | None = None,
     batch: Sequence[tuple[dict[str, Any], str]] = (),
+    best_ms: float | None = None,
 ) -> dict[str, Any]:
     """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
     tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
     shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
     (see `fleettune.sizes.pool_key`); `policy`: the operator's trial policy (default: read
     from its environment).
+
+    `best_ms`: the target's best time so far, which sets where timing is pruned
+    (`prune_above_ms`); None for the kernel's default configuration, the baseline of the
+    speed-up, which is always timed in full.
 
     With `batch` (further configurations and their keys), one Pod measures `config` and
     then each of them, with the following indexes. A batch Job is never retried by the Job
@@ -230,14 +243,14 @@ def render_job(
     job_spec: dict[str, Any]
     if batch:
         configs = [config, *(c for c, _ in batch)]
-        work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest).to_env()
+        work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest, best_ms).to_env()
         annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([config_key, *(k for _, k in batch)])}
         labels[BATCH_LABEL] = job_labels[BATCH_LABEL] = "true"
         # Each configuration has its own timeout in the Pod; one more covers a fresh worker's
         # start after a configuration that broke its CUDA context.
         job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": (len(configs) + 1) * timeout + STARTUP_ALLOWANCE_S}
     else:
-        work = make_trial(run, spec, target, index, config, key, problem_size, source_digest).to_env()
+        work = make_trial(run, spec, target, index, config, key, problem_size, source_digest, best_ms).to_env()
         annotations = {CONFIG_ANNOTATION: config_key}
         job_spec = {
             "backoffLimit": spec.job_template.backoff_limit,

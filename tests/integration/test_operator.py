@@ -144,6 +144,7 @@ def test_deleting_the_run_removes_its_jobs_and_results(cluster, namespace, simul
         (lambda s: s["parameters"].append(dict(s["parameters"][0])), "parameter names must be unique"),
         (lambda s: s["parameters"].append({"name": "r", "type": "real", "range": {"min": 2, "max": 1}}), "min > max"),
         (lambda s: s["targets"][0].update(name="Bad_Name"), "spec.targets[0].name"),
+        (lambda s: s["kernel"].update(pruneSlowerThan=0.5), "kernel.pruneSlowerThan: 0 (off) or at least 1"),
     ],
 )
 def test_api_server_rejects_invalid_specs_naming_the_field(cluster, crd, namespace, patch, field):

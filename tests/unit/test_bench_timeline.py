@@ -24,9 +24,10 @@ from fleettune_dev.bench.timeline import (
     compare,
     load_timed_space,
     main,
+    observe_recorded,
     plan_pod,
     pod_answers,
-    raced_gpu_s,
+    pruned_runs,
     reach,
     run_kernel_tuner,
     run_metrics,
@@ -46,16 +47,16 @@ def landscape(c: dict) -> float | str:
     return 1.0 + abs(math.log2(c["bx"]) - 6) * 0.3 + abs(math.log2(c["tile"]) - 1) * 0.5 + (0.1 if c["vec"] == 1 else 0)
 
 
-def write_cache(path: Path) -> Path:
+def write_cache(path: Path, runs: int = 3) -> Path:
     """A Kernel Tuner cache with per-configuration costs in ms, varied so that a wrong
-    index or unit shows."""
+    index or unit shows; ``runs`` timed runs each (3: none is ever pruned)."""
     cache = {}
     for i, (bx, tile, vec) in enumerate(itertools.product(*VALUES.values())):
         c = {"bx": bx, "tile": tile, "vec": vec}
         t = landscape(c)
         ok = isinstance(t, float)
         cache[f"{bx},{tile},{vec}"] = {
-            **c, "time": t, "times": [t] * 3 if ok else [],
+            **c, "time": t, "times": [t * (1 + 0.01 * r) for r in range(runs)] if ok else [],
             "compile_time": 300.0 + 37.0 * i, "verification_time": 20.0 + i if ok else 0,
             "benchmark_time": 100.0 + 11.0 * i if ok else 0, "framework_time": 5.0 + i, "strategy_time": 0,
         }
@@ -68,6 +69,12 @@ def write_cache(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def ts(tmp_path_factory):
     return load_timed_space(write_cache(tmp_path_factory.mktemp("tl") / "synthetic.json.gz"))
+
+
+@pytest.fixture(scope="module")
+def ts8(tmp_path_factory):
+    """The same space with 8 timed runs per configuration: clearly slow ones are pruned."""
+    return load_timed_space(write_cache(tmp_path_factory.mktemp("tl") / "synthetic.json.gz", runs=8))
 
 
 def ticking(step: float):
@@ -274,21 +281,49 @@ def test_streamed_answers_of_running_pods_reach_the_next_suggestion(ts, monkeypa
     assert partly_read > 0
 
 
-def test_racing_stops_only_clearly_slow_configurations() -> None:
+def test_pruning_stops_only_clearly_slow_configurations() -> None:
     from types import SimpleNamespace
 
     times = [[9.0] * 8, [9.0, 9.0, 9.0, 1.0, 1.0], [2.0] * 8, [9.0] * 3, []]
     space = SimpleNamespace(replay=SimpleNamespace(times=times), bench_s=np.array([0.8, 0.5, 0.8, 0.3, 0.0]))
     gpu_s = np.array([1.0, 0.7, 1.0, 0.5, 0.0])  # verification 0.2 + benchmark; the last failed to build
     idx = np.arange(5)
-    got = raced_gpu_s(space, idx, gpu_s, cutoff_ms=5.0)
+    got, pruned = pruned_runs(space, idx, gpu_s, cutoff_ms=5.0)
     # Over the cut-off after 3 runs: 3 of 8 (and 3 of 5) runs' share of the benchmark is
     # spent; under it, or with no more runs than that, or never built: unchanged.
     np.testing.assert_allclose(got, [0.2 + 0.8 * 3 / 8, 0.2 + 0.5 * 3 / 5, 1.0, 0.5, 0.0])
-    np.testing.assert_allclose(raced_gpu_s(space, idx, gpu_s, cutoff_ms=10.0), gpu_s)
+    assert pruned.tolist() == [True, True, False, False, False]
+    for cutoff in (10.0, None):
+        got, pruned = pruned_runs(space, idx, gpu_s, cutoff_ms=cutoff)
+        np.testing.assert_allclose(got, gpu_s)
+        assert not pruned.any()
 
 
-@pytest.mark.parametrize("flag", [["--race-above", "0.5"], ["--stream-poll", "-1"], ["--cpus", "0"]])
+def test_a_pruned_configuration_is_observed_as_the_job_reports_it(ts8) -> None:
+    """The study sees the median of the runs a pruned configuration got, as from the job."""
+    seen: list[tuple[float, list[float]]] = []
+
+    class Spy:
+        def observe(self, config, outcome, objective=None, times=()):
+            seen.append((objective, list(times)))
+
+    c = int(np.flatnonzero(np.isfinite(ts8.replay.time_ms))[0])
+    runs = list(ts8.replay.times[c])
+    assert observe_recorded(Spy(), ts8.replay, {}, c, pruned=True) == pytest.approx(float(np.median(runs[:3])))
+    assert observe_recorded(Spy(), ts8.replay, {}, c) == ts8.replay.time_ms[c]
+    assert [len(t) for _, t in seen] == [3, len(runs)]
+
+
+def test_pruning_saves_gpu_time_on_a_benchmark_bound_space(ts8) -> None:
+    kept = simulate_fleet(ts8, "batch", 1, 0, 40, FleetModel(CONSTANT, prune_slower_than=0), strategy="random",
+                          clock=ticking(0.0))
+    pruned = simulate_fleet(ts8, "batch", 1, 0, 40, FleetModel(CONSTANT), strategy="random", clock=ticking(0.0))
+    # Random search suggests the same configurations either way; only their benchmarks shrink.
+    assert sorted(pruned.order.tolist()) == sorted(kept.order.tolist())
+    assert pruned.gpu_work < kept.gpu_work
+
+
+@pytest.mark.parametrize("flag", [["--prune-slower-than", "0.5"], ["--stream-poll", "-1"], ["--cpus", "0"]])
 def test_a_bad_model_option_is_a_usage_error(ts, flag, capsys) -> None:
     assert main(["--cache", str(ts.path), "--seeds", "1", *flag]) == 2
     assert "must be" in capsys.readouterr().err

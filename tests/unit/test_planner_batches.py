@@ -8,7 +8,7 @@ from typing import Any
 from fleet_double import FakeFleet
 from test_planner import DEFAULT, SPEC, timed
 
-from fleettune.jobs import entries_of
+from fleettune.jobs import entries_of, work_of
 from fleettune_job.protocol import Outcome, TrialResult
 
 
@@ -115,3 +115,35 @@ def test_a_pod_killed_mid_batch_keeps_its_answers_and_records_nothing_invalid() 
     sizes = run(f)
     assert sum(r.is_observation for r in f.records_of()) == 20
     assert sizes  # and it finished
+
+
+def prune_cutoffs(f: FakeFleet) -> list[tuple[float | None, bool, list[float]]]:
+    """Step the run to its end: per Job created, its pruning cut-off, whether it holds the
+    default configuration, and the times measured before it."""
+    out = []
+    for _ in range(60):
+        plan = f.step()  # records what the Pods answered, then plans
+        ok = [r.objective for r in f.records_of() if r.outcome == Outcome.OK and r.objective]
+        out += [(work_of(job).prune_above_ms, DEFAULT in [c for _, c in entries_of(job)], ok) for job in plan.create]
+        if plan.finished:
+            return out
+        f.finish()
+        f.advance(5)
+    raise AssertionError("the run did not finish")
+
+
+def test_jobs_prune_past_the_pools_best_time_but_never_the_baseline() -> None:
+    jobs = prune_cutoffs(fleet(trialsPerTarget=24, parallelism=2, trialsPerPod=4))
+    cutoffs = []
+    for cutoff, baseline, ok in jobs:
+        if baseline or not ok:  # the speed-up's baseline, or nothing measured yet
+            assert cutoff is None
+        else:
+            assert cutoff == 2 * min(ok)  # kernel.pruneSlowerThan's default
+            cutoffs.append(cutoff)
+    assert len(cutoffs) >= 3 and cutoffs == sorted(cutoffs, reverse=True)  # the best only gets better
+
+    off = FakeFleet(spec={**SPEC, "kernel": {**SPEC["kernel"], "pruneSlowerThan": 0},
+                          "budget": {**SPEC["budget"], "trialsPerTarget": 12, "parallelism": 2, "trialsPerPod": 4}},
+                    measure=timed)
+    assert {cutoff for cutoff, _, _ in prune_cutoffs(off)} == {None}

@@ -65,3 +65,17 @@ def test_trial_env_round_trip():
         config={"block_size_x": 32}, problem_size=[4096, 4096],
     )
     assert Trial.from_env(trial.to_env()) == trial
+
+
+def test_a_batchs_pruning_cutoff_reaches_each_trial_and_must_be_positive():
+    from pydantic import ValidationError
+
+    from fleettune_job.protocol import Batch
+
+    batch = Batch(run="r", target="a100", kernel=KernelRef(builtin="convolution"), problem_size=[64],
+                  entries=[{"index": 1, "config": {}}, {"index": 2, "config": {}}], prune_above_ms=2.5)
+    assert [t.prune_above_ms for t in batch.trials()] == [2.5, 2.5]
+    assert "prune_above_ms" not in Batch.model_validate({**batch.model_dump(), "prune_above_ms": None}).to_env()
+    with pytest.raises(ValidationError, match="prune_above_ms"):
+        Trial(run="r", target="a100", index=1, kernel=KernelRef(builtin="convolution"), config={},
+              problem_size=[64], prune_above_ms=0)

@@ -43,15 +43,17 @@ from typing import Any
 
 import numpy as np
 
+from fleettune.api.spec import KernelSpec
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
 from fleettune_dev.sim.startup import PodStartup
-from fleettune_job.protocol import Outcome
+from fleettune_job.protocol import PRUNE_RUNS, Outcome
 
 LEVELS = (0.95, 0.99)
 KT_PREFIX = "kernel_tuner:"
 DEFAULT_MODES = ("pod", "batch", "kernel_tuner:genetic_algorithm", "kernel_tuner:bayes_opt",
                  "kernel_tuner:random_sample")
 FLEET_MODES = ("pod", "batch")
+PRUNE_SLOWER_THAN: float = KernelSpec.model_fields["prune_slower_than"].default  # the operator's default
 # The recorded spaces live next to the repository (../shared/data/spaces, data/README.md).
 DEFAULT_SPACES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "spaces"
 Z99 = 2.3263478740408408  # standard normal quantile of 0.99
@@ -80,11 +82,11 @@ class FleetModel:
     # printed so far (the job image's ``fleettune-answer`` log lines) at every step, and
     # steps at every Pod end and at least every this many seconds (0: at once).
     stream_poll_s: float | None = None
-    # None: every configuration is benchmarked for all its recorded runs. A factor: a
-    # configuration whose first RACE_RUNS runs average more than this factor times the
-    # best time the operator knew when it created the Pod stops there (its recorded
-    # verification and the first runs' share of its benchmark time are spent).
-    race_above: float | None = None
+    # The operator's pruning (`kernel.pruneSlowerThan`): a configuration whose first
+    # PRUNE_RUNS recorded runs average more than this factor times the best time known when
+    # its Pod was created is timed no further (its recorded verification and those runs'
+    # share of its benchmark time are spent), and the study observes their median. 0: off.
+    prune_slower_than: float = PRUNE_SLOWER_THAN
 
     def __post_init__(self) -> None:
         if self.cpus < 1:
@@ -93,8 +95,8 @@ class FleetModel:
             raise ValueError(f"max_batch must be at least 1, got {self.max_batch}")
         if not self.pod_seconds > 0:
             raise ValueError(f"pod_seconds must be positive, got {self.pod_seconds}")
-        if self.race_above is not None and not self.race_above >= 1:
-            raise ValueError(f"race_above must be >= 1, got {self.race_above}")
+        if self.prune_slower_than != 0 and not self.prune_slower_than >= 1:
+            raise ValueError(f"prune_slower_than must be 0 (off) or >= 1, got {self.prune_slower_than}")
         if self.stream_poll_s is not None and not self.stream_poll_s >= 0:
             raise ValueError(f"stream_poll_s must be >= 0, got {self.stream_poll_s}")
 
@@ -173,6 +175,7 @@ class PodRun:
     configs: np.ndarray  # candidate numbers, in evaluation order
     gpu_work: float  # seconds the GPU verified and benchmarked
     gpu_s: np.ndarray  # of each configuration
+    pruned: np.ndarray | None = None  # which configurations were timed for PRUNE_RUNS runs only
 
     @property
     def lifetime(self) -> float:
@@ -246,11 +249,15 @@ class Run:
         return float(sum(max(0.0, min(e, until) - s) for s, e in self.spans if s < until))
 
 
-def _observe(study: Any, replay: Replay, config: dict[str, Any], c: int) -> float:
+def observe_recorded(study: Any, replay: Replay, config: dict[str, Any], c: int, pruned: bool = False) -> float:
+    """Feed the study configuration ``c``'s recorded result, as the job reports it: a pruned
+    one with the median of its first `PRUNE_RUNS` runs. Returns the time (NaN: failed)."""
     t = replay.time_ms[c]
     if math.isfinite(t):
-        study.observe(config, Outcome.OK, float(t), replay.times[c])
-        return float(t)
+        runs = replay.times[c][:PRUNE_RUNS] if pruned else replay.times[c]
+        t = float(np.median(runs)) if pruned else float(t)
+        study.observe(config, Outcome.OK, t, runs)
+        return t
     study.observe(config, FAILURE_OUTCOME.get(replay.failure[c] or "runtime", Outcome.RUNTIME_ERROR))
     return math.nan
 
@@ -275,18 +282,21 @@ def clairvoyant_s(ts: TimedSpace, model: FleetModel, gpus: int, seed: int, level
     return min(model.startup.at(float(rng.standard_normal())) for _ in range(gpus)) + cheapest
 
 
-RACE_RUNS = 3  # runs a raced configuration is timed for before the cut-off applies
-
-
-def raced_gpu_s(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray, cutoff_ms: float) -> np.ndarray:
-    """GPU seconds of configurations ``idx`` when those whose first `RACE_RUNS` recorded
-    runs average above ``cutoff_ms`` stop benchmarking there."""
+def pruned_runs(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray,
+                cutoff_ms: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """GPU seconds of configurations ``idx``, and which of them are pruned: those whose
+    first `PRUNE_RUNS` recorded runs average above ``cutoff_ms`` stop benchmarking there
+    (None: nothing is pruned)."""
     out = gpu_s[idx].copy()
+    pruned = np.zeros(len(idx), dtype=bool)
+    if cutoff_ms is None:
+        return out, pruned
     for j, c in enumerate(idx):
         runs = ts.replay.times[c]
-        if out[j] > 0 and len(runs) > RACE_RUNS and float(np.mean(runs[:RACE_RUNS])) > cutoff_ms:
-            out[j] -= ts.bench_s[c] * (1 - RACE_RUNS / len(runs))
-    return out
+        if out[j] > 0 and len(runs) > PRUNE_RUNS and float(np.mean(runs[:PRUNE_RUNS])) > cutoff_ms:
+            out[j] -= ts.bench_s[c] * (1 - PRUNE_RUNS / len(runs))
+            pruned[j] = True
+    return out, pruned
 
 
 _END, _READ = 0, 1  # event kinds of `simulate_fleet`: a Pod ends; the operator reads answers
@@ -363,10 +373,10 @@ def simulate_fleet(
         idx = lookup(np.asarray(replay.space.to_rows(configs), dtype=np.int32))
         startup = model.startup.at(float(rng.standard_normal()))
         cpus = 1 if mode == "pod" else model.cpus
-        g = gpu_s[idx] if model.race_above is None or not math.isfinite(best) else \
-            raced_gpu_s(ts, idx, gpu_s, model.race_above * best)
+        prune = model.prune_slower_than > 0 and math.isfinite(best)
+        g, cut = pruned_runs(ts, idx, gpu_s, model.prune_slower_than * best if prune else None)
         answered, work = pod_answers(op_free, startup, ts.compile_s[idx], g, failed[idx], cpus)
-        pod = PodRun(op_free, op_free + startup, float(answered[-1]), idx, work, g)
+        pod = PodRun(op_free, op_free + startup, float(answered[-1]), idx, work, g, cut)
         inflight[seq] = (pod, configs, startup, answered, 0)
         run.spans.append((pod.start, pod.end))
         heapq.heappush(events, (pod.end, _END, seq))
@@ -387,7 +397,7 @@ def simulate_fleet(
         n = int(np.searchsorted(answered, upto, side="right"))
         for j in range(done, n):
             c = int(pod.configs[j])
-            v = _observe(study, replay, configs[j], c)
+            v = observe_recorded(study, replay, configs[j], c, pod.pruned is not None and bool(pod.pruned[j]))
             times.append(now)
             values.append(v)
             order.append(c)
@@ -964,9 +974,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stream-poll", type=float, default=None, metavar="S",
                    help="the operator also reads running batched Pods' answers (their log lines) at every step, "
                         "stepping at least every S seconds (0: at once); default: a Pod's answers when it ends")
-    p.add_argument("--race-above", type=float, default=None, metavar="F",
-                   help=f"stop benchmarking a configuration after {RACE_RUNS} runs averaging over F x the best time "
-                        "known when its Pod was created (default: every run recorded)")
+    p.add_argument("--prune-slower-than", type=float, default=PRUNE_SLOWER_THAN, metavar="F",
+                   help=f"as the operator's kernel.pruneSlowerThan: stop benchmarking a configuration after "
+                        f"{PRUNE_RUNS} runs averaging over F x the best time known when its Pod was created; "
+                        f"0: every run recorded (default: {PRUNE_SLOWER_THAN:g})")
     p.add_argument("--framework-on-gpu", action="store_true",
                    help="add Kernel Tuner's recorded framework time to every configuration's GPU time")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (each measures its own latency)")
@@ -983,8 +994,9 @@ def _what_if(model: FleetModel) -> str:
     if model.stream_poll_s is not None:
         every = "at once" if model.stream_poll_s == 0 else f"every {model.stream_poll_s:g} s"
         out += f", answers read from running Pods {every}"
-    if model.race_above is not None:
-        out += f", benchmarks stopped after {RACE_RUNS} runs over {model.race_above:g} x the best"
+    if model.prune_slower_than != PRUNE_SLOWER_THAN:
+        out += (f", benchmarks stopped after {PRUNE_RUNS} runs over {model.prune_slower_than:g} x the best"
+                if model.prune_slower_than else ", no pruning")
     return out
 
 
@@ -1017,7 +1029,7 @@ def main(argv: list[str]) -> int:
     options = parse_options(args.option, args.strategy)
     try:
         model = FleetModel(PodStartup(args.startup_p50, args.startup_p99), args.cpus, args.pod_seconds,
-                           args.max_batch, args.framework_on_gpu, args.stream_poll, args.race_above)
+                           args.max_batch, args.framework_on_gpu, args.stream_poll, args.prune_slower_than)
     except ValueError as exc:
         print(f"fleettune bench timeline: {exc}", file=sys.stderr)
         return 2

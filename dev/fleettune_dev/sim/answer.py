@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from fleettune.fingerprint import (
@@ -17,7 +19,7 @@ from fleettune.fingerprint import (
 )
 from fleettune_dev.cluster.fleet import NodePool, label_value
 from fleettune_dev.sim.recordings import KernelModel, Measurement, scale_ms
-from fleettune_job.protocol import Fingerprint, Outcome, Trial, TrialResult
+from fleettune_job.protocol import PRUNE_RUNS, Fingerprint, Outcome, Trial, TrialResult
 
 # Time to compile one configuration (NVRTC + module load); Kernel Tuner's recordings of
 # the convolution kernel show 0.8-0.9 s per configuration.
@@ -129,6 +131,13 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
+def pruned(trial: Trial, runs: Sequence[float]) -> bool:
+    """Whether the job would stop timing after PRUNE_RUNS of these launches
+    (`fleettune_job.timing.measure`)."""
+    return (trial.prune_above_ms is not None and trial.repeats > PRUNE_RUNS and len(runs) > PRUNE_RUNS
+            and statistics.fmean(runs[:PRUNE_RUNS]) > trial.prune_above_ms)
+
+
 def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: Measurement,
                        *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     """The job's result for measurement ``m``. Costs are the recording's own when it has
@@ -145,17 +154,23 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
                        gpu_s=verification_s + (_seconds(m.benchmark_ms) or 0.0))
     assert m.time_ms is not None
     recorded_benchmark = _seconds(m.benchmark_ms)
-    timing_s = (m.time_ms * (trial.warmups + trial.repeats) / 1000.0 if recorded_benchmark is None
-                else recorded_benchmark)
-    run_s = verification_s + max(timing_s, trial.min_duration_s)
+    objective, runs = m.time_ms, m.times or (m.time_ms,)
+    if pruned(trial, runs):
+        # The job stops timing after PRUNE_RUNS launches: their share of the recorded cost.
+        objective, runs = statistics.median(runs[:PRUNE_RUNS]), runs[:PRUNE_RUNS]
+        run_s = verification_s + (m.time_ms * (trial.warmups + PRUNE_RUNS) / 1000.0 if recorded_benchmark is None
+                                  else recorded_benchmark * PRUNE_RUNS / len(m.times))
+    else:
+        timing_s = (m.time_ms * (trial.warmups + trial.repeats) / 1000.0 if recorded_benchmark is None
+                    else recorded_benchmark)
+        run_s = verification_s + max(timing_s, trial.min_duration_s)
     if compile_s + run_s > trial.timeout_s:
         # The job's watchdog ends the configuration at its timeout, on the GPU or before it.
         cpu = min(compile_s, trial.timeout_s)
         return Answer(TrialResult(outcome=Outcome.TIMEOUT, fingerprint=fp,
                                   error=f"simulated: exceeded the trial timeout of {trial.timeout_s:g}s"),
                       compile_s=cpu, gpu_s=trial.timeout_s - cpu)
-    n = min(trial.repeats, len(m.times)) or 1
-    times = [round(t, 6) for t in (m.times or (m.time_ms,))[:n]]
-    result = TrialResult(outcome=Outcome.OK, objective=round(m.time_ms, 6), times=times, fingerprint=fp,
+    times = [round(t, 6) for t in runs[:trial.repeats]]
+    result = TrialResult(outcome=Outcome.OK, objective=round(objective, 6), times=times, fingerprint=fp,
                          compile_s=round(compile_s, 3), run_s=round(run_s, 4))
     return Answer(result, compile_s=compile_s, gpu_s=run_s)

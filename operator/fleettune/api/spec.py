@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from fleettune.api import kubernetes
 from fleettune.api.base import CEL, MAX_PREDICTIONS, MAX_TUNED_TARGETS, Model
-from fleettune_job.protocol import MAX_BATCH
+from fleettune_job.protocol import MAX_BATCH, PRUNE_RUNS
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -159,6 +159,8 @@ class KernelSpec(Model):
         {"rule": "!has(self.source) || self.source.arguments.all(a, "
                  "self.source.arguments.exists_one(b, b.name == a.name))",
          "message": "kernel.source.arguments: names must be unique", "fieldPath": ".source.arguments"},
+        {"rule": "!has(self.pruneSlowerThan) || self.pruneSlowerThan == 0.0 || self.pruneSlowerThan >= 1.0",
+         "message": "kernel.pruneSlowerThan: 0 (off) or at least 1", "fieldPath": ".pruneSlowerThan"},
         {"rule": "has(self.problemSize) != has(self.problemSizes)",
          "message": "set exactly one of kernel.problemSize or kernel.problemSizes", "fieldPath": ".problemSize"},
         {"rule": "!has(self.problemSizes) || self.problemSizes.all(s, self.problemSizes.exists_one(t, t == s))",
@@ -184,6 +186,13 @@ class KernelSpec(Model):
     warmups: int = Field(default=3, ge=0, le=1000, description="Untimed launches before timing each configuration.")
     repeats: int = Field(
         default=7, ge=1, le=1000, description="Timed launches per configuration; the objective is their median."
+    )
+    prune_slower_than: float = Field(
+        default=2, ge=0, le=1000,  # an integer: Helm would re-render a float default as a string
+        description=f"A configuration whose first {PRUNE_RUNS} timed launches average more than this many "
+        "times the target's best time so far is timed no further (its objective is their median): it cannot "
+        f"become the best, and {PRUNE_RUNS} launches place it for the optimiser. 0: every configuration gets "
+        "all its repeats.",
     )
 
     def sizes(self) -> list[tuple[int, ...]]:

@@ -44,6 +44,7 @@ from fleettune.optimize.batching import batch_size, queue_slots, slow_start
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
 from fleettune.results import Records, TrialRecord
 from fleettune.sizes import pool_key
+from fleettune_job.protocol import Outcome
 
 NODE_RECHECK_S = 30.0
 AUTO_MAX_BATCH = 16  # trials per Pod when the size is chosen: beyond it the optimiser suggests blind
@@ -417,6 +418,7 @@ class Planner:
         index = max(used, default=-1) + 1
         pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
         avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
+        best_ms = min((r.objective for r in mine if r.outcome == Outcome.OK and r.objective), default=None)
         for size in sizes:
             group, configs = configs[:size], configs[size:]
             if not group:
@@ -426,7 +428,7 @@ class Planner:
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
                 index=index, config=group[0], config_key=keyed[0][1], pin=pin, node_expressions=avoid,
                 key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest, policy=self.policy,
-                batch=keyed[1:],
+                batch=keyed[1:], best_ms=None if any(k == pool.default_key for _, k in keyed) else best_ms,
             )
             index += len(group)
             for labels in (body["metadata"]["labels"], body["spec"]["template"]["metadata"]["labels"]):

@@ -125,6 +125,14 @@ def test_ok_trial_reports_median_times_and_fingerprint(monkeypatch: pytest.Monke
     assert decode(result.encode()) == result
 
 
+def test_a_pruned_trial_reports_the_launches_it_got(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = use(monkeypatch, FakeCupy(scan_correct))  # every launch takes 1.5 ms
+    result = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=1.0))
+    assert result.outcome == Outcome.OK and result.objective == 1.5 and result.times == [1.5] * 3
+    assert fake.kernel.calls == 1 + 2 + 3
+    assert runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0)).times == [1.5] * 7
+
+
 def test_constant_memory_is_filled_before_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleettune_job.kernels import BUILTINS
 

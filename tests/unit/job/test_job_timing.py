@@ -53,6 +53,28 @@ def test_requested_repeats_always_run_even_past_the_deadline() -> None:
     assert len(times) == 4
 
 
+def test_a_clearly_slow_configuration_is_pruned_after_three_timed_launches() -> None:
+    gpu = FakeGpu(5.0)
+    times = measure(gpu.launch, gpu.timer, warmups=2, repeats=7, min_duration_s=10.0, prune_above_ms=4.0,
+                    clock=gpu.clock)
+    assert times == [5.0] * 3 and gpu.launches == 5  # nor does the minimum duration add any
+
+
+@pytest.mark.parametrize(("ms", "repeats", "expected"), [(3.0, 7, 7), (5.0, 3, 3), (5.0, 2, 2)])
+def test_a_configuration_under_the_cutoff_or_with_few_repeats_is_timed_in_full(
+        ms: float, repeats: int, expected: int) -> None:
+    gpu = FakeGpu(ms)
+    times = measure(gpu.launch, gpu.timer, warmups=0, repeats=repeats, prune_above_ms=4.0, clock=gpu.clock)
+    assert len(times) == expected
+
+
+def test_pruning_goes_by_the_mean_of_the_first_launches() -> None:
+    """One slow first launch (a cold cache) does not prune a configuration near the cut-off."""
+    durations = iter([9.0, 1.0, 1.0] + [1.0] * 10)
+    times = measure(lambda: None, lambda launch: next(durations), warmups=0, repeats=7, prune_above_ms=4.0)
+    assert len(times) == 7
+
+
 def test_summary_statistics() -> None:
     stats = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert stats.median == 3.0 and stats.minimum == 1.0 and stats.maximum == 100.0

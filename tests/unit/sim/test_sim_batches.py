@@ -111,6 +111,25 @@ def test_batch_durations_come_from_the_recorded_costs():
     assert answer_batch(batch, answers, slots=1).duration_s == pytest.approx(2 + 1.5 + 0.85 + 1 + 0.02)
 
 
+def test_a_pruned_configuration_is_answered_and_charged_as_the_job_times_it():
+    runs = (4.0, 5.0, 6.0, 4.0, 4.0, 4.0, 4.0, 4.0)
+    table = {"16,1": Measurement(4.0, runs, compile_ms=2000.0, verification_ms=100.0, benchmark_ms=800.0),
+             "32,1": Measurement(4.0, runs)}  # no recorded costs: the model's
+    model = RecordedKernel(Recording(name="slow", device_name="GPU", kernel_name="k", problem_size=[4096, 4096],
+                                     keys=("bx", "by"), table=table))
+    costed, modelled = _batch([{"bx": 16, "by": 1}, {"bx": 32, "by": 1}], prune_above_ms=4.5).trials()
+    ans = answer_trial(costed, A100, LABELS, model)
+    # The first 3 runs average 5 ms > 4.5: timed no further, the median of those 3 reported,
+    # 3 of the 8 recorded runs' share of the benchmark spent.
+    assert ans.result.objective == 5.0 and ans.result.times == [4.0, 5.0, 6.0]
+    assert ans.gpu_s == pytest.approx(0.1 + 0.8 * 3 / 8)
+    assert answer_trial(modelled, A100, LABELS, model).gpu_s == pytest.approx(4.0 * (3 + 3) / 1000)
+    # Under the cut-off (or with no cut-off), every run the trial asks for.
+    for kept in (costed.model_copy(update={"prune_above_ms": 5.5}), costed.model_copy(update={"prune_above_ms": None})):
+        ans = answer_trial(kept, A100, LABELS, model)
+        assert ans.result.objective == 4.0 and len(ans.result.times) == 7 and ans.gpu_s == pytest.approx(0.9)
+
+
 def test_a_one_trial_pod_keeps_its_duration_when_the_recording_has_no_costs():
     ans = _sim().answer(_pod(Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"},
                                    config=CONFIG, problem_size=[4096, 4096]).to_env()), LABELS)
