@@ -68,6 +68,16 @@ def test_minimum_duration_adds_repeats() -> None:
     assert len(result.times) > 2
 
 
+def test_a_slow_configuration_is_pruned_on_the_gpu() -> None:
+    full = run_trial(trial("scan", {}, [1024, 64], repeats=7))
+    assert full.outcome == Outcome.OK and len(full.times) == 7, full.error
+    # A cut-off below its own time: pruned after 3 launches; far above it: timed in full.
+    pruned = run_trial(trial("scan", {}, [1024, 64], repeats=7, prune_above_ms=full.objective / 10))
+    assert pruned.outcome == Outcome.OK and len(pruned.times) == 3, pruned.error
+    kept = run_trial(trial("scan", {}, [1024, 64], repeats=7, prune_above_ms=full.objective * 1000))
+    assert len(kept.times) == 7
+
+
 MUST_FAIL = [
     # 2048 threads per block: the launch is refused.
     ("convolution", {"block_size_x": 256, "block_size_y": 8, "use_padding": 0, "use_shmem": 0}, [1024, 1024],
