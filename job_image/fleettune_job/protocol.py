@@ -235,6 +235,7 @@ class TrialResult(_Strict):
     error: str = ""
     compile_s: float | None = None
     run_s: float | None = None
+    pruned: bool | None = None  # True: timed for PRUNE_RUNS launches only (prune_above_ms)
 
     @field_validator("objective")
     @classmethod
@@ -279,6 +280,7 @@ class Answer(_Strict):
     e: str = ""  # error
     c: float | None = None  # compile seconds (off the GPU when compiled ahead)
     r: float | None = None  # GPU seconds: first launch to the end of timing
+    p: bool | None = None  # pruned
 
     @field_validator("t")
     @classmethod
@@ -293,11 +295,11 @@ class Answer(_Strict):
     def of(cls, index: int, result: TrialResult) -> Answer:
         return cls(i=index, o=result.outcome, t=_significant(result.objective),
                    ts=[_significant(t) or 0.0 for t in result.times], e=result.error,
-                   c=result.compile_s, r=result.run_s)
+                   c=result.compile_s, r=result.run_s, p=result.pruned)
 
     def result(self, fingerprint: Fingerprint) -> TrialResult:
         return TrialResult(outcome=self.o, objective=self.t, times=self.ts, fingerprint=fingerprint,
-                           error=self.e, compile_s=self.c, run_s=self.r)
+                           error=self.e, compile_s=self.c, run_s=self.r, pruned=self.p)
 
 
 class BatchResult(_Strict):

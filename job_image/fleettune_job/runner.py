@@ -298,8 +298,8 @@ def _timed(cupy: Any, trial: Trial, launch: Callable[[], None], state: _State, s
     )
     stats = summarize(times)
     rate = f", {flops / stats.median / 1e6:.1f} GFLOP/s" if flops and stats.median > 0 else ""
-    pruned = f" (pruned: over {trial.prune_above_ms:g} ms)" if len(times) < trial.repeats else ""
-    log(f"timed: {stats.line()}{rate}{pruned}")
+    pruned = len(times) < trial.repeats  # `measure` runs every repeat asked for unless it prunes
+    log(f"timed: {stats.line()}{rate}" + (f" (pruned: over {trial.prune_above_ms:g} ms)" if pruned else ""))
     if not stats.median > 0:
         raise RuntimeError(f"CUDA events returned a non-positive median time {stats.median}")
     return TrialResult(
@@ -309,4 +309,5 @@ def _timed(cupy: Any, trial: Trial, launch: Callable[[], None], state: _State, s
         fingerprint=state.fingerprint,
         compile_s=state.compile_s,
         run_s=round(clock() - run_started, 3),
+        pruned=pruned or None,
     )

@@ -45,6 +45,7 @@ class PoolReport:
     invalid_by_outcome: dict[str, int] = field(default_factory=dict)
     pods: int = 0  # trial Pods (Jobs) the records came from: fewer than trials when batched
     gpu_s: float = 0.0  # GPU seconds the configurations took (verification and timing)
+    pruned: int = 0  # valid configurations timed no further than it took to see they are slow
 
     @property
     def synthetic(self) -> bool:
@@ -107,6 +108,7 @@ def pool_reports(status: dict[str, Any], records: Sequence[TrialRecord]) -> list
             invalid_by_outcome=invalid,
             pods=len({r.job for r in recs if r.job}),
             gpu_s=sum(r.run_s or 0.0 for r in recs),
+            pruned=sum(bool(r.pruned) for r in recs),
         ))
     return out
 
@@ -136,12 +138,13 @@ def print_table(run: dict[str, Any], pools: Sequence[PoolReport], file: Any = No
         f"trials {status.get('progress', '-')}  Ready={ready.get('status', '?')} {ready.get('reason', '')}"
     )
     table = Table(show_lines=False)
-    numbers = ("valid", "invalid", "infra", "budget", "pods")
+    numbers = ("valid", "pruned", "invalid", "infra", "budget", "pods")
     for col in ("pool", "phase", "device", *numbers, "best", "default", "speed-up", "best configuration"):
         table.add_column(col, justify="right" if col in numbers else "left")
     for p in pools:
         table.add_row(
-            p.name, p.phase, _device(p), str(p.valid), str(p.invalid), str(p.infra_failed), str(p.budget), str(p.pods),
+            p.name, p.phase, _device(p), str(p.valid), str(p.pruned), str(p.invalid), str(p.infra_failed),
+            str(p.budget), str(p.pods),
             _ms(p.best_ms), _ms(p.default_ms), "-" if p.speedup is None else f"{p.speedup:.2f}x",
             _config(p.best[0].config) if p.best else "-",
         )
@@ -276,6 +279,7 @@ def summary(pools: Sequence[PoolReport]) -> list[dict[str, Any]]:
     return [
         {"pool": p.name, "phase": p.phase, "device": _device(p), "valid": p.valid, "invalid": p.invalid,
          "infraFailed": p.infra_failed, "budget": p.budget, "pods": p.pods, "gpuSeconds": round(p.gpu_s, 3),
+         "pruned": p.pruned,
          "bestMs": p.best_ms, "defaultMs": p.default_ms,
          "speedup": p.speedup, "best": [{"config": r.config, "ms": r.objective, "trial": r.index} for r in p.best]}
         for p in pools

@@ -59,6 +59,7 @@ class TrialRecord(BaseModel):
     problem_size: list[int] | None = None  # set when the run tunes several sizes
     compile_s: float | None = None  # as the job reports it (off the GPU when compiled ahead)
     run_s: float | None = None  # GPU seconds: first launch to the end of timing
+    pruned: bool | None = None  # True: timed for 3 launches only (kernel.pruneSlowerThan); absent otherwise
 
     @property
     def is_observation(self) -> bool:
@@ -214,6 +215,7 @@ def _record(job: dict[str, Any], index: int, config: dict[str, Any], key: str, r
         problem_size=problem_size,
         compile_s=result.compile_s,
         run_s=result.run_s,
+        pruned=result.pruned,
     )
 
 

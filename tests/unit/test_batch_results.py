@@ -50,7 +50,8 @@ def _message(*answers, done=False, error=""):
 
 
 def test_every_answer_becomes_a_record_in_entry_order():
-    answers = [_ok(10), Answer(i=11, o=Outcome.COMPILE_ERROR, e="ptxas: too many registers"), _ok(12, 2.0), _ok(13)]
+    pruned = Answer.of(13, TrialResult(outcome=Outcome.OK, objective=9.0, times=[9.0] * 3, pruned=True))
+    answers = [_ok(10), Answer(i=11, o=Outcome.COMPILE_ERROR, e="ptxas: too many registers"), _ok(12, 2.0), pruned]
     recs = records_from_batch_job(_job("Complete"), [_pod(_message(*answers, done=True))], BATCH, 2)
     assert [(r.index, r.outcome, r.key, r.config) for r in recs] == [
         (10, Outcome.OK, "k0", {"x": 0}), (11, Outcome.COMPILE_ERROR, "k1", {"x": 1}),
@@ -58,6 +59,7 @@ def test_every_answer_becomes_a_record_in_entry_order():
     assert recs[2].objective == 2.0 and recs[0].run_s == 0.2 and recs[0].compile_s == 1.5
     assert all(r.round == 2 and r.node == "gpu-0" and r.fingerprint.product == FP.product for r in recs)
     assert recs[1].is_observation and not recs[1].objective  # an invalid configuration, as measured
+    assert [r.pruned for r in recs] == [None, None, None, True]  # a valid one, timed no further than needed
 
 
 def test_a_pod_killed_mid_batch_keeps_what_it_finished_and_loses_nothing_as_invalid():
@@ -97,13 +99,13 @@ def test_a_job_without_pods_records_every_entry_as_unmeasured():
 def test_the_worst_batch_message_fits_a_termination_message():
     fp = Fingerprint(product="NVIDIA GeForce RTX 3090 Ti with a long marketing name", compute_capability="8.6",
                      sm_count=84, memory_mib=24576, driver_version="550.127.05", cuda_runtime_version="12.6")
-    for outcome, extra in ((Outcome.OK, {"t": 1.234567e-05, "ts": [1.2345678] * 16}),
+    for outcome, extra in ((Outcome.OK, {"t": 1.234567e-05, "ts": [1.2345678] * 16, "p": True}),
                            (Outcome.CORRECTNESS_ERROR, {"e": "wrong result " * 80})):
         answers = [Answer(i=10**6 + n, o=outcome, c=123.456, r=1234.567, **extra) for n in range(MAX_BATCH)]
         text = BatchResult(answers=answers, fingerprint=fp, error="x" * 5000).encode()
         assert len(text.encode()) <= MAX_MESSAGE_BYTES
         decoded = decode_batch(text)
-        assert [(a.i, a.o) for a in decoded.answers] == [(a.i, a.o) for a in answers]  # every verdict kept
+        assert [(a.i, a.o, a.p) for a in decoded.answers] == [(a.i, a.o, a.p) for a in answers]  # every verdict kept
 
 
 def test_a_batch_reads_back_as_trials_and_rejects_repeated_indexes():

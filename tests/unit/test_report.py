@@ -199,8 +199,11 @@ def test_the_report_module_does_not_import_matplotlib():
 
 def test_a_pool_report_counts_pods_and_gpu_time_of_batches(run: dict) -> None:
     recs = [TrialRecord(target="a100", index=i, config={"b": i}, key=str(i), outcome=Outcome.OK, objective=1.0 + i,
-                        job=f"conv-a100-{4 * (i // 4):04d}", run_s=0.25) for i in range(10)]
+                        job=f"conv-a100-{4 * (i // 4):04d}", run_s=0.25, pruned=i > 6 or None) for i in range(10)]
     (pool, *_) = pool_reports(run, recs)
-    assert (pool.valid, pool.pods, pool.gpu_s) == (10, 3, 2.5)
+    assert (pool.valid, pool.pruned, pool.pods, pool.gpu_s) == (10, 3, 3, 2.5)
     (row, *_) = summary([pool])
-    assert (row["pods"], row["gpuSeconds"]) == (3, 2.5)
+    assert (row["pods"], row["gpuSeconds"], row["pruned"]) == (3, 2.5, 3)
+    out = io.StringIO()
+    print_table(run, [pool], file=out)
+    assert "pruned" in out.getvalue()

@@ -155,7 +155,8 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
     assert m.time_ms is not None
     recorded_benchmark = _seconds(m.benchmark_ms)
     objective, runs = m.time_ms, m.times or (m.time_ms,)
-    if pruned(trial, runs):
+    cut = pruned(trial, runs)
+    if cut:
         # The job stops timing after PRUNE_RUNS launches: their share of the recorded cost.
         objective, runs = statistics.median(runs[:PRUNE_RUNS]), runs[:PRUNE_RUNS]
         run_s = verification_s + (m.time_ms * (trial.warmups + PRUNE_RUNS) / 1000.0 if recorded_benchmark is None
@@ -172,5 +173,5 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
                       compile_s=cpu, gpu_s=trial.timeout_s - cpu)
     times = [round(t, 6) for t in runs[:trial.repeats]]
     result = TrialResult(outcome=Outcome.OK, objective=round(objective, 6), times=times, fingerprint=fp,
-                         compile_s=round(compile_s, 3), run_s=round(run_s, 4))
+                         compile_s=round(compile_s, 3), run_s=round(run_s, 4), pruned=cut or None)
     return Answer(result, compile_s=compile_s, gpu_s=run_s)

@@ -129,8 +129,10 @@ def test_a_pruned_trial_reports_the_launches_it_got(monkeypatch: pytest.MonkeyPa
     fake = use(monkeypatch, FakeCupy(scan_correct))  # every launch takes 1.5 ms
     result = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=1.0))
     assert result.outcome == Outcome.OK and result.objective == 1.5 and result.times == [1.5] * 3
-    assert fake.kernel.calls == 1 + 2 + 3
-    assert runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0)).times == [1.5] * 7
+    assert result.pruned and fake.kernel.calls == 1 + 2 + 3
+    assert decode(result.encode()).pruned
+    kept = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0))
+    assert kept.times == [1.5] * 7 and kept.pruned is None
 
 
 def test_constant_memory_is_filled_before_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,13 +121,14 @@ def test_a_pruned_configuration_is_answered_and_charged_as_the_job_times_it():
     ans = answer_trial(costed, A100, LABELS, model)
     # The first 3 runs average 5 ms > 4.5: timed no further, the median of those 3 reported,
     # 3 of the 8 recorded runs' share of the benchmark spent.
-    assert ans.result.objective == 5.0 and ans.result.times == [4.0, 5.0, 6.0]
+    assert ans.result.objective == 5.0 and ans.result.times == [4.0, 5.0, 6.0] and ans.result.pruned
     assert ans.gpu_s == pytest.approx(0.1 + 0.8 * 3 / 8)
     assert answer_trial(modelled, A100, LABELS, model).gpu_s == pytest.approx(4.0 * (3 + 3) / 1000)
     # Under the cut-off (or with no cut-off), every run the trial asks for.
     for kept in (costed.model_copy(update={"prune_above_ms": 5.5}), costed.model_copy(update={"prune_above_ms": None})):
         ans = answer_trial(kept, A100, LABELS, model)
         assert ans.result.objective == 4.0 and len(ans.result.times) == 7 and ans.gpu_s == pytest.approx(0.9)
+        assert ans.result.pruned is None
 
 
 def test_a_one_trial_pod_keeps_its_duration_when_the_recording_has_no_costs():
