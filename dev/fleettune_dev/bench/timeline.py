@@ -45,6 +45,7 @@ import numpy as np
 
 from fleettune.api.spec import KernelSpec
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
+from fleettune_dev.sim.answer import pruned_objective
 from fleettune_dev.sim.startup import PodStartup
 from fleettune_job.protocol import PRUNE_RUNS, Outcome
 
@@ -251,11 +252,11 @@ class Run:
 
 def observe_recorded(study: Any, replay: Replay, config: dict[str, Any], c: int, pruned: bool = False) -> float:
     """Feed the study configuration ``c``'s recorded result, as the job reports it: a pruned
-    one with the median of its first `PRUNE_RUNS` runs. Returns the time (NaN: failed)."""
+    one from its first `PRUNE_RUNS` runs (`pruned_objective`). Returns the time (NaN: failed)."""
     t = replay.time_ms[c]
     if math.isfinite(t):
         runs = replay.times[c][:PRUNE_RUNS] if pruned else replay.times[c]
-        t = float(np.median(runs)) if pruned else float(t)
+        t = pruned_objective(float(t), replay.times[c]) if pruned else float(t)
         study.observe(config, Outcome.OK, t, runs)
         return t
     study.observe(config, FAILURE_OUTCOME.get(replay.failure[c] or "runtime", Outcome.RUNTIME_ERROR))
