@@ -86,8 +86,10 @@ def measure(
 
     Extra launches for the minimum duration stop at ``deadline`` (a ``clock()`` value) so
     that a trial returns its measurement instead of running into its own timeout; the
-    requested ``repeats`` always run, unless pruned: once ``prune_runs`` launches average
-    above ``prune_above_ms``, the configuration is too slow to matter beyond them.
+    requested ``repeats`` always run, unless pruned: when more than ``prune_runs`` are
+    asked for and the first ``prune_runs`` average above ``prune_above_ms``, the
+    configuration is too slow to matter beyond them (so fewer times than ``repeats`` means
+    pruned).
     """
     for _ in range(warmups):
         timer(launch)
@@ -96,7 +98,8 @@ def measure(
     while len(times) < repeats or (total_s < min_duration_s and len(times) < max_repeats):
         if len(times) >= repeats and deadline is not None and clock() >= deadline:
             break
-        if prune_above_ms is not None and len(times) == prune_runs and total_s * 1000.0 / prune_runs > prune_above_ms:
+        if (prune_above_ms is not None and repeats > prune_runs == len(times)
+                and total_s * 1000.0 / prune_runs > prune_above_ms):
             break
         elapsed = timer(launch)
         times.append(elapsed)

@@ -86,7 +86,8 @@ class FleetModel:
     # The operator's pruning (`kernel.pruneSlowerThan`): a configuration whose first
     # PRUNE_RUNS recorded runs average more than this factor times the best time known when
     # its Pod was created is timed no further (its recorded verification and those runs'
-    # share of its benchmark time are spent), and the study observes their median. 0: off.
+    # share of its benchmark time are spent), and the study observes its time from those
+    # runs (`observe_recorded`). 0: off.
     prune_slower_than: float = PRUNE_SLOWER_THAN
 
     def __post_init__(self) -> None:

@@ -60,11 +60,13 @@ def test_a_clearly_slow_configuration_is_pruned_after_three_timed_launches() -> 
     assert times == [5.0] * 3 and gpu.launches == 5  # nor does the minimum duration add any
 
 
-@pytest.mark.parametrize(("ms", "repeats", "expected"), [(3.0, 7, 7), (5.0, 3, 3), (5.0, 2, 2)])
+@pytest.mark.parametrize(("ms", "repeats", "min_duration_s", "expected"),
+                         [(3.0, 7, 0.0, 7), (5.0, 3, 0.0, 3), (5.0, 2, 0.0, 2), (5.0, 3, 0.048, 10)])
 def test_a_configuration_under_the_cutoff_or_with_few_repeats_is_timed_in_full(
-        ms: float, repeats: int, expected: int) -> None:
+        ms: float, repeats: int, min_duration_s: float, expected: int) -> None:
     gpu = FakeGpu(ms)
-    times = measure(gpu.launch, gpu.timer, warmups=0, repeats=repeats, prune_above_ms=4.0, clock=gpu.clock)
+    times = measure(gpu.launch, gpu.timer, warmups=0, repeats=repeats, min_duration_s=min_duration_s,
+                    prune_above_ms=4.0, clock=gpu.clock)
     assert len(times) == expected
 
 
