@@ -94,6 +94,11 @@ class Metrics:
             f"{PREFIX}_trials", "Trials recorded, by outcome (ok, the invalid-configuration "
             "outcomes, infra_error).", [*POOL_LABELS, "outcome"], registry=r,
         )
+        self.pruned = Counter(
+            f"{PREFIX}_trials_pruned", "Valid trials timed for 3 launches only: slower than "
+            "kernel.pruneSlowerThan x the pool's best time so far (counted in trials_total as ok too).",
+            POOL_LABELS, registry=r,
+        )
         self.trial_duration = Histogram(
             f"{PREFIX}_trial_duration_seconds", "GPU time of one configuration (first launch to the end "
             "of its timing), as its trial Pod reports it.", POOL_LABELS, buckets=TRIAL_BUCKETS, registry=r,
@@ -196,10 +201,14 @@ class Metrics:
         target: str,
         outcome: str,
         gpu_s: float | None = None,
+        pruned: bool = False,
     ) -> None:
         """One trial's record was stored (call once per record, right after the store accepted
-        it); `gpu_s`: the configuration's GPU time, when its Pod reported one."""
+        it); `gpu_s`: the configuration's GPU time, when its Pod reported one; `pruned`: its
+        timing stopped early (`kernel.pruneSlowerThan`)."""
         self._child(self.trials, namespace, run, target, str(Outcome(outcome).value)).inc()
+        if pruned:
+            self._child(self.pruned, namespace, run, target).inc()
         if gpu_s is not None and gpu_s >= 0:
             self._child(self.trial_duration, namespace, run, target).observe(gpu_s)
             self._child(self.gpu_busy, namespace, run, target).inc(gpu_s)

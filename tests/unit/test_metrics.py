@@ -29,10 +29,12 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
 
 def test_trials_are_counted_by_outcome_and_target(m: Metrics) -> None:
     m.trial_recorded("ns", "conv", "a100", "ok", gpu_s=1.5)
-    m.trial_recorded("ns", "conv", "a100", "ok", gpu_s=2.5)
+    m.trial_recorded("ns", "conv", "a100", "ok", gpu_s=2.5, pruned=True)
     m.trial_recorded("ns", "conv", "rtx", "compile_error")
     ok = {"namespace": "ns", "run": "conv", "target": "a100"}
     assert value(m, "fleettune_trials_total", **ok, outcome="ok") == 2
+    assert value(m, "fleettune_trials_pruned_total", **ok) == 1  # and still an ok trial above
+    assert value(m, "fleettune_trials_pruned_total", namespace="ns", run="conv", target="rtx") is None
     assert value(m, "fleettune_trials_total", namespace="ns", run="conv", target="rtx", outcome="compile_error") == 1
     assert value(m, "fleettune_trial_duration_seconds_count", **ok) == 2
     assert value(m, "fleettune_trial_duration_seconds_sum", **ok) == pytest.approx(4.0)

@@ -182,7 +182,8 @@ class RunLoop:
                                       admission_wait_s=timings.admission_wait_s)
 
     def _recorded(self, rec: TrialRecord) -> None:
-        self.metrics.trial_recorded(self.namespace, self.name, rec.target, rec.outcome.value, rec.run_s)
+        self.metrics.trial_recorded(self.namespace, self.name, rec.target, rec.outcome.value, rec.run_s,
+                                    pruned=bool(rec.pruned))
         self.log.info(
             "trial %s/%d: %s%s", rec.target, rec.index, rec.outcome.value,
             f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",

@@ -54,6 +54,7 @@ def _filled() -> metrics.Metrics:
     m.observe_status("team-a", "conv", status, parallelism=4)
     for outcome in ("ok", "compile_error", "infra_error"):
         m.trial_recorded("team-a", "conv", "a100", outcome, gpu_s=0.5)
+    m.trial_recorded("team-a", "conv", "a100", "ok", gpu_s=0.1, pruned=True)
     m.pod_finished("team-a", "conv", "a100", duration_s=1.5, queue_wait_s=0.4, admission_wait_s=12.0)
     m.suggestion_latency("team-a", "conv", "a100", 0.02)
     m.model_fit_latency("team-a", "conv", "a100", 0.7)
