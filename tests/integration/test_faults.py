@@ -176,7 +176,16 @@ def test_evicted_trial_pod_is_retried_not_recorded_as_infeasible(cluster, namesp
             client.CoreV1Api(api).create_namespaced_pod_eviction(
                 pod, namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
                                  "metadata": {"name": pod, "namespace": namespace}})
-        run = wait_phase(cluster, namespace, "evict", 240, operator)
+        try:
+            run = wait_phase(cluster, namespace, "evict", 240, operator)
+        except AssertionError as exc:  # say where the retry stopped (seen once in a full run, never alone)
+            pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+            raise AssertionError(
+                f"{exc}; Pods per trial {dict(pods_of)}, completer errors {completer.errors[-3:]}; Jobs: "
+                + "; ".join(f"{j['metadata']['name']} {j.get('status')}" for j in jobs(cluster, namespace, "evict"))
+                + "; Pods: " + "; ".join(f"{q['metadata']['name']} {q['status'].get('phase')} "
+                                         f"deleting={bool(q['metadata'].get('deletionTimestamp'))}" for q in pods)
+            ) from None
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert pods_of[victim_index] == 2, "the evicted trial ran again in a new Pod"
     records = stored_records(cluster, namespace, "evict")
