@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,15 @@ def summarize(times_ms: list[float]) -> Stats:
     )
 
 
+def pruned_after(first_ms: Sequence[float], repeats: int, prune_above_ms: float | None,
+                 prune_runs: int = PRUNE_RUNS) -> bool:
+    """Whether timing stops after these first launches (ms): more than ``prune_runs`` are
+    asked for and the first ``prune_runs`` average above ``prune_above_ms``. The one rule
+    that the job, the fleet simulator and the timeline replay apply."""
+    return (prune_above_ms is not None and repeats > prune_runs and len(first_ms) >= prune_runs
+            and statistics.fmean(first_ms[:prune_runs]) > prune_above_ms)
+
+
 def measure(
     launch: Launch,
     timer: Timer,
@@ -98,8 +107,7 @@ def measure(
     while len(times) < repeats or (total_s < min_duration_s and len(times) < max_repeats):
         if len(times) >= repeats and deadline is not None and clock() >= deadline:
             break
-        if (prune_above_ms is not None and repeats > prune_runs == len(times)
-                and total_s * 1000.0 / prune_runs > prune_above_ms):
+        if len(times) == prune_runs and pruned_after(times, repeats, prune_above_ms, prune_runs):
             break
         elapsed = timer(launch)
         times.append(elapsed)

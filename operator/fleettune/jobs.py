@@ -102,10 +102,10 @@ def kernel_ref(spec: TuningRunSpec, source_digest: str | None = None) -> dict[st
     }
 
 
-def prune_above_ms(spec: TuningRunSpec, best_ms: float | None) -> float | None:
-    """The time (ms) above which a trial's timing stops early (`kernel.pruneSlowerThan` ×
-    the target's best so far); None when nothing is measured yet or pruning is off."""
-    factor = spec.kernel.prune_slower_than
+def prune_above_ms(factor: float, best_ms: float | None) -> float | None:
+    """The time (ms) above which a trial's timing stops early: `kernel.pruneSlowerThan`
+    (``factor``) × the target's best so far; None when nothing is measured yet or pruning
+    is off (0)."""
     return factor * best_ms if factor > 0 and best_ms is not None and best_ms > 0 else None
 
 
@@ -124,7 +124,7 @@ def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
             "warmups": kernel.warmups,
             "repeats": kernel.repeats,
             "timeout_s": float(spec.budget.trial_timeout_seconds),
-            "prune_above_ms": prune_above_ms(spec, best_ms),
+            "prune_above_ms": prune_above_ms(kernel.prune_slower_than, best_ms),
         }
     )
 

@@ -44,10 +44,12 @@ from typing import Any
 import numpy as np
 
 from fleettune.api.spec import KernelSpec
+from fleettune.jobs import prune_above_ms
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
 from fleettune_dev.sim.answer import pruned_objective
 from fleettune_dev.sim.startup import PodStartup
 from fleettune_job.protocol import PRUNE_RUNS, Outcome
+from fleettune_job.timing import pruned_after
 
 LEVELS = (0.95, 0.99)
 KT_PREFIX = "kernel_tuner:"
@@ -295,7 +297,7 @@ def pruned_runs(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray,
         return out, pruned
     for j, c in enumerate(idx):
         runs = ts.replay.times[c]
-        if out[j] > 0 and len(runs) > PRUNE_RUNS and float(np.mean(runs[:PRUNE_RUNS])) > cutoff_ms:
+        if out[j] > 0 and pruned_after(runs, len(runs), cutoff_ms):
             out[j] -= ts.bench_s[c] * (1 - PRUNE_RUNS / len(runs))
             pruned[j] = True
     return out, pruned
@@ -375,8 +377,8 @@ def simulate_fleet(
         idx = lookup(np.asarray(replay.space.to_rows(configs), dtype=np.int32))
         startup = model.startup.at(float(rng.standard_normal()))
         cpus = 1 if mode == "pod" else model.cpus
-        prune = model.prune_slower_than > 0 and math.isfinite(best)
-        g, cut = pruned_runs(ts, idx, gpu_s, model.prune_slower_than * best if prune else None)
+        cutoff = prune_above_ms(model.prune_slower_than, best if math.isfinite(best) else None)
+        g, cut = pruned_runs(ts, idx, gpu_s, cutoff)
         answered, work = pod_answers(op_free, startup, ts.compile_s[idx], g, failed[idx], cpus)
         pod = PodRun(op_free, op_free + startup, float(answered[-1]), idx, work, g, cut)
         inflight[seq] = (pod, configs, startup, answered, 0)

@@ -20,6 +20,7 @@ from fleettune.fingerprint import (
 from fleettune_dev.cluster.fleet import NodePool, label_value
 from fleettune_dev.sim.recordings import KernelModel, Measurement, scale_ms
 from fleettune_job.protocol import PRUNE_RUNS, Fingerprint, Outcome, Trial, TrialResult
+from fleettune_job.timing import pruned_after
 
 # Time to compile one configuration (NVRTC + module load); Kernel Tuner's recordings of
 # the convolution kernel show 0.8-0.9 s per configuration.
@@ -131,13 +132,6 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
-def pruned(trial: Trial, runs: Sequence[float]) -> bool:
-    """Whether the job would stop timing after PRUNE_RUNS of these launches
-    (`fleettune_job.timing.measure`)."""
-    return (trial.prune_above_ms is not None and trial.repeats > PRUNE_RUNS and len(runs) > PRUNE_RUNS
-            and statistics.fmean(runs[:PRUNE_RUNS]) > trial.prune_above_ms)
-
-
 def pruned_objective(time_ms: float, runs: Sequence[float]) -> float:
     """A recorded configuration's time had the job pruned it: the recorded time, scaled by
     how the median of its first PRUNE_RUNS runs differs from the median of all of them.
@@ -163,7 +157,7 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
     assert m.time_ms is not None
     recorded_benchmark = _seconds(m.benchmark_ms)
     objective, runs = m.time_ms, m.times or (m.time_ms,)
-    cut = pruned(trial, runs)
+    cut = pruned_after(runs, min(trial.repeats, len(runs)), trial.prune_above_ms)
     if cut:
         # The job stops timing after PRUNE_RUNS launches: their share of the recorded cost.
         objective, runs = pruned_objective(m.time_ms, runs), runs[:PRUNE_RUNS]
