@@ -57,6 +57,20 @@ def _one_pool(name: str, target: str = "a100", **budget: int) -> dict[str, Any]:
     return doc
 
 
+def _where_it_stopped(cluster, namespace: str, run: str) -> str:
+    """The run's Jobs, Pods and last events, for a test that timed out waiting for it."""
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", "--no-headers").stdout
+    return "; ".join([
+        *(f"Job {j['metadata']['name']} {j.get('status')}" for j in jobs(cluster, namespace, run)),
+        *(f"Pod {q['metadata']['name']} {q['status'].get('phase')} on {q['spec'].get('nodeName')} "
+          f"deleting={bool(q['metadata'].get('deletionTimestamp'))} finalizers={q['metadata'].get('finalizers')} "
+          f"conditions={[(c['type'], c.get('reason'), c.get('message')) for c in q['status'].get('conditions') or []]}"
+          for q in pods),
+        "events: " + " | ".join(events.splitlines()[-12:]),
+    ])
+
+
 def _events(cluster, namespace: str) -> str:
     out = cluster.kubectl("get", "events", "-n", namespace, "-o", "json")
     return "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in json.loads(out.stdout)["items"])
@@ -178,14 +192,9 @@ def test_evicted_trial_pod_is_retried_not_recorded_as_infeasible(cluster, namesp
                                  "metadata": {"name": pod, "namespace": namespace}})
         try:
             run = wait_phase(cluster, namespace, "evict", 240, operator)
-        except AssertionError as exc:  # say where the retry stopped (seen once in a full run, never alone)
-            pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
-            raise AssertionError(
-                f"{exc}; Pods per trial {dict(pods_of)}, completer errors {completer.errors[-3:]}; Jobs: "
-                + "; ".join(f"{j['metadata']['name']} {j.get('status')}" for j in jobs(cluster, namespace, "evict"))
-                + "; Pods: " + "; ".join(f"{q['metadata']['name']} {q['status'].get('phase')} "
-                                         f"deleting={bool(q['metadata'].get('deletionTimestamp'))}" for q in pods)
-            ) from None
+        except AssertionError as exc:  # say where the retry stopped (seen in full runs, never alone)
+            raise AssertionError(f"{exc}; Pods per trial {dict(pods_of)}, completer errors {completer.errors[-3:]}; "
+                                 + _where_it_stopped(cluster, namespace, "evict")) from None
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert pods_of[victim_index] == 2, "the evicted trial ran again in a new Pod"
     records = stored_records(cluster, namespace, "evict")
