@@ -148,9 +148,10 @@ class Trial(_Strict):
     repeats: int = Field(default=7, ge=1)
     min_duration_s: float = Field(default=0.0, ge=0)
     timeout_s: float = Field(default=60.0, gt=0)
-    # Pruning: timing stops after PRUNE_RUNS timed launches when they average above this
-    # (ms). The operator sets it to a multiple of the pool's best time: a configuration that
-    # slow cannot become the best, and PRUNE_RUNS launches place it for the optimiser.
+    # Pruning: timing stops after PRUNE_RUNS timed launches whose median is above this (ms),
+    # and the output is not verified. The operator sets it to a multiple (at least 1) of the
+    # pool's best time: a configuration that slow cannot become the best, and PRUNE_RUNS
+    # launches place it for the optimiser (fleettune_job.timing.pruned_after).
     prune_above_ms: float | None = Field(default=None, gt=0)
 
     def to_env(self) -> str:
@@ -235,7 +236,7 @@ class TrialResult(_Strict):
     error: str = ""
     compile_s: float | None = None
     run_s: float | None = None
-    pruned: bool | None = None  # True: timed for PRUNE_RUNS launches only (prune_above_ms)
+    pruned: bool | None = None  # True: timed for PRUNE_RUNS launches only, not verified (prune_above_ms)
 
     @field_validator("objective")
     @classmethod

@@ -68,13 +68,24 @@ def summarize(times_ms: list[float]) -> Stats:
     )
 
 
+def can_prune(repeats: int, prune_above_ms: float | None, prune_runs: int = PRUNE_RUNS) -> bool:
+    """Whether a configuration asked for ``repeats`` timed launches may be pruned."""
+    return prune_above_ms is not None and repeats > prune_runs
+
+
 def pruned_after(first_ms: Sequence[float], repeats: int, prune_above_ms: float | None,
                  prune_runs: int = PRUNE_RUNS) -> bool:
     """Whether timing stops after these first launches (ms): more than ``prune_runs`` are
-    asked for and the first ``prune_runs`` average above ``prune_above_ms``. The one rule
-    that the job, the fleet simulator and the timeline replay apply."""
-    return (prune_above_ms is not None and repeats > prune_runs and len(first_ms) >= prune_runs
-            and statistics.fmean(first_ms[:prune_runs]) > prune_above_ms)
+    asked for and the median of the first ``prune_runs`` is above ``prune_above_ms``. The
+    one rule that the job, the fleet simulator and the timeline replay apply.
+
+    The median, not the mean: it is what a pruned configuration reports, so with a cut-off
+    at or above the pool's best time (`kernel.pruneSlowerThan` is 0 or at least 1) a pruned
+    configuration reports a time above the best and can never become the best; and one
+    slow launch (a cold cache) prunes nothing."""
+    if prune_above_ms is None or not can_prune(repeats, prune_above_ms, prune_runs) or len(first_ms) < prune_runs:
+        return False
+    return statistics.median(first_ms[:prune_runs]) > prune_above_ms
 
 
 def measure(
@@ -89,17 +100,25 @@ def measure(
     max_repeats: int = MAX_REPEATS,
     prune_above_ms: float | None = None,
     prune_runs: int = PRUNE_RUNS,
+    verify: Callable[[], None] | None = None,
 ) -> list[float]:
     """Run ``warmups`` untimed launches, then timed ones until both ``repeats`` launches
     and ``min_duration_s`` of kernel time are reached.
 
     Extra launches for the minimum duration stop at ``deadline`` (a ``clock()`` value) so
     that a trial returns its measurement instead of running into its own timeout; the
-    requested ``repeats`` always run, unless pruned: when more than ``prune_runs`` are
-    asked for and the first ``prune_runs`` average above ``prune_above_ms``, the
-    configuration is too slow to matter beyond them (so fewer times than ``repeats`` means
-    pruned).
+    requested ``repeats`` always run, unless pruned (`pruned_after`): then only the first
+    ``prune_runs`` (so fewer times than ``repeats`` means pruned).
+
+    ``verify`` (checking the configuration's output; it raises for a wrong one) runs once,
+    before any launch when nothing can be pruned, else once the first ``prune_runs`` did
+    not prune: a pruned configuration cannot become the best, so its output does not
+    matter, and verification costs GPU time (a reference computation) that would
+    otherwise be most of a pruned configuration's.
     """
+    deferred = verify if can_prune(repeats, prune_above_ms, prune_runs) else None
+    if verify is not None and deferred is None:
+        verify()
     for _ in range(warmups):
         timer(launch)
     times: list[float] = []
@@ -107,8 +126,12 @@ def measure(
     while len(times) < repeats or (total_s < min_duration_s and len(times) < max_repeats):
         if len(times) >= repeats and deadline is not None and clock() >= deadline:
             break
-        if len(times) == prune_runs and pruned_after(times, repeats, prune_above_ms, prune_runs):
-            break
+        if len(times) == prune_runs and can_prune(repeats, prune_above_ms, prune_runs):
+            if pruned_after(times, repeats, prune_above_ms, prune_runs):
+                break
+            if deferred is not None:
+                deferred()
+                deferred = None
         elapsed = timer(launch)
         times.append(elapsed)
         total_s += elapsed / 1000.0

@@ -86,10 +86,10 @@ class FleetModel:
     # steps at every Pod end and at least every this many seconds (0: at once).
     stream_poll_s: float | None = None
     # The operator's pruning (`kernel.pruneSlowerThan`): a configuration whose first
-    # PRUNE_RUNS recorded runs average more than this factor times the best time known when
-    # its Pod was created is timed no further (its recorded verification and those runs'
-    # share of its benchmark time are spent), and the study observes its time from those
-    # runs (`observe_recorded`). 0: off.
+    # PRUNE_RUNS recorded runs have a median over this factor times the best time known when
+    # its Pod was created is timed no further and not verified (those runs' share of its
+    # recorded benchmark time is spent), and the study observes its time from those runs
+    # (`observe_recorded`). 0: off.
     prune_slower_than: float = PRUNE_SLOWER_THAN
 
     def __post_init__(self) -> None:
@@ -289,8 +289,8 @@ def clairvoyant_s(ts: TimedSpace, model: FleetModel, gpus: int, seed: int, level
 def pruned_runs(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray,
                 cutoff_ms: float | None) -> tuple[np.ndarray, np.ndarray]:
     """GPU seconds of configurations ``idx``, and which of them are pruned: those whose
-    first `PRUNE_RUNS` recorded runs average above ``cutoff_ms`` stop benchmarking there
-    (None: nothing is pruned)."""
+    first `PRUNE_RUNS` recorded runs have a median above ``cutoff_ms`` (`pruned_after`) stop
+    benchmarking there and are not verified (None: nothing is pruned)."""
     out = gpu_s[idx].copy()
     pruned = np.zeros(len(idx), dtype=bool)
     if cutoff_ms is None:
@@ -298,7 +298,7 @@ def pruned_runs(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray,
     for j, c in enumerate(idx):
         runs = ts.replay.times[c]
         if out[j] > 0 and pruned_after(runs, len(runs), cutoff_ms):
-            out[j] -= ts.bench_s[c] * (1 - PRUNE_RUNS / len(runs))
+            out[j] -= ts.verify_s[c] + ts.bench_s[c] * (1 - PRUNE_RUNS / len(runs))
             pruned[j] = True
     return out, pruned
 
@@ -980,7 +980,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "stepping at least every S seconds (0: at once); default: a Pod's answers when it ends")
     p.add_argument("--prune-slower-than", type=float, default=PRUNE_SLOWER_THAN, metavar="F",
                    help=f"as the operator's kernel.pruneSlowerThan: stop benchmarking a configuration after "
-                        f"{PRUNE_RUNS} runs averaging over F x the best time known when its Pod was created; "
+                        f"{PRUNE_RUNS} runs whose median is over F x the best time known when its Pod was created, "
+                        f"unverified; "
                         f"0: every run recorded (default: {PRUNE_SLOWER_THAN:g})")
     p.add_argument("--framework-on-gpu", action="store_true",
                    help="add Kernel Tuner's recorded framework time to every configuration's GPU time")

@@ -159,10 +159,11 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
     objective, runs = m.time_ms, m.times or (m.time_ms,)
     cut = pruned_after(runs, min(trial.repeats, len(runs)), trial.prune_above_ms)
     if cut:
-        # The job stops timing after PRUNE_RUNS launches: their share of the recorded cost.
+        # The job stops timing after PRUNE_RUNS launches, before verifying: their share of
+        # the recorded benchmark, no verification.
         objective, runs = pruned_objective(m.time_ms, runs), runs[:PRUNE_RUNS]
-        run_s = verification_s + (m.time_ms * (trial.warmups + PRUNE_RUNS) / 1000.0 if recorded_benchmark is None
-                                  else recorded_benchmark * PRUNE_RUNS / len(m.times))
+        run_s = (m.time_ms * (trial.warmups + PRUNE_RUNS) / 1000.0 if recorded_benchmark is None
+                 else recorded_benchmark * PRUNE_RUNS / len(m.times))
     else:
         timing_s = (m.time_ms * (trial.warmups + trial.repeats) / 1000.0 if recorded_benchmark is None
                     else recorded_benchmark)

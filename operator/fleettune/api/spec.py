@@ -189,10 +189,10 @@ class KernelSpec(Model):
     )
     prune_slower_than: float = Field(
         default=2, ge=0, le=1000,  # an integer: Helm would re-render a float default as a string
-        description=f"A configuration whose first {PRUNE_RUNS} timed launches average more than this many "
-        "times the target's best time so far is timed no further (its objective is their median): it cannot "
-        f"become the best, and {PRUNE_RUNS} launches place it for the optimiser. 0: every configuration gets "
-        "all its repeats.",
+        description=f"A configuration the median of whose first {PRUNE_RUNS} timed launches is more than this "
+        "many times the target's best time so far is timed no further and its output is not verified (its "
+        f"objective is that median): it cannot become the best, and {PRUNE_RUNS} launches place it for the "
+        "optimiser. 0: every configuration gets all its repeats and is verified.",
     )
 
     def sizes(self) -> list[tuple[int, ...]]:

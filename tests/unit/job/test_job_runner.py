@@ -135,6 +135,26 @@ def test_a_pruned_trial_reports_the_launches_it_got(monkeypatch: pytest.MonkeyPa
     assert kept.times == [1.5] * 7 and kept.pruned is None
 
 
+def scan_wrong(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
+    args[0][...] = np.cumsum(args[1], axis=1) + 1.0
+
+
+def test_a_pruned_configuration_is_not_verified(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Too slow to become the best, its output does not matter: no reference computation."""
+    fake = use(monkeypatch, FakeCupy(scan_wrong))  # wrong output, 1.5 ms per launch
+    phases: list[Phase] = []
+    pruned = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=1.0), progress=lambda p, fp: phases.append(p))
+    assert pruned.outcome == Outcome.OK and pruned.pruned and pruned.objective == 1.5
+    assert Phase.VERIFY not in phases and fake.kernel.calls == 1 + 2 + 3
+    # Not pruned: verified after the first three timed launches, and found wrong.
+    kept = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0))
+    assert kept.outcome == Outcome.CORRECTNESS_ERROR and "wrong result" in kept.error
+    assert fake.kernel.calls == (1 + 2 + 3) * 2
+    # With nothing to prune, verified before timing, as always.
+    never = runner.run_trial(trial(warmups=2, repeats=7))
+    assert never.outcome == Outcome.CORRECTNESS_ERROR and fake.kernel.calls == (1 + 2 + 3) * 2 + 1
+
+
 def test_constant_memory_is_filled_before_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleettune_job.kernels import BUILTINS
 

@@ -70,11 +70,46 @@ def test_a_configuration_under_the_cutoff_or_with_few_repeats_is_timed_in_full(
     assert len(times) == expected
 
 
-def test_pruning_goes_by_the_mean_of_the_first_launches() -> None:
-    """One slow first launch (a cold cache) does not prune a configuration near the cut-off."""
-    durations = iter([9.0, 1.0, 1.0] + [1.0] * 10)
+@pytest.mark.parametrize(("first", "pruned"), [
+    ([9.0, 1.0, 1.0], False),  # one slow launch (a cold cache) prunes nothing
+    ([13.0, 1.0, 1.0], False),  # nor does it when it lifts the mean over the cut-off
+    ([5.0, 1.0, 5.0], True),  # one fast launch does not save a slow configuration
+])
+def test_pruning_goes_by_the_median_of_the_first_launches(first: list[float], pruned: bool) -> None:
+    """The median is what a pruned configuration reports: it is always above the cut-off,
+    so a pruned configuration can never look faster than the best it was measured against."""
+    durations = iter(first + [1.0] * 10)
     times = measure(lambda: None, lambda launch: next(durations), warmups=0, repeats=7, prune_above_ms=4.0)
-    assert len(times) == 7
+    assert len(times) == (3 if pruned else 7)
+    if pruned:
+        assert summarize(times).median > 4.0
+
+
+@pytest.mark.parametrize(("ms", "prune_above_ms", "repeats", "verified_after"), [
+    (1.0, None, 7, 0),  # nothing to prune: verified before any timed launch
+    (1.0, 4.0, 3, 0),  # too few repeats to prune: the same
+    (1.0, 4.0, 7, 3),  # may be pruned: verified once the first three did not prune it
+    (5.0, 4.0, 7, None),  # pruned: never verified
+])
+def test_verification_waits_for_the_pruning_decision(ms: float, prune_above_ms: float | None, repeats: int,
+                                                     verified_after: int | None) -> None:
+    gpu = FakeGpu(ms)
+    seen: list[int] = []
+    times = measure(gpu.launch, gpu.timer, warmups=2, repeats=repeats, prune_above_ms=prune_above_ms,
+                    clock=gpu.clock, verify=lambda: seen.append(gpu.launches))
+    assert seen == ([] if verified_after is None else [(0 if verified_after == 0 else 2 + verified_after)])
+    assert len(times) == (3 if verified_after is None else repeats)
+
+
+def test_a_wrong_result_stops_timing() -> None:
+    gpu = FakeGpu(1.0)
+
+    def wrong() -> None:
+        raise ValueError("wrong result")
+
+    with pytest.raises(ValueError, match="wrong result"):
+        measure(gpu.launch, gpu.timer, warmups=1, repeats=7, prune_above_ms=4.0, verify=wrong)
+    assert gpu.launches == 1 + 3
 
 
 def test_summary_statistics() -> None:

@@ -218,6 +218,32 @@ def test_a_fast_wrong_configuration_is_a_correctness_error(emu: EmuCupy, tmp_pat
     assert len(emu.launches) == 2  # never timed
 
 
+def test_a_configuration_that_may_be_pruned_is_verified_on_its_first_launchs_output(emu: EmuCupy,
+                                                                                   tmp_path: Path) -> None:
+    """The check waits for the first timed launches (a pruned configuration is never
+    checked), but compares what the first launch left: ``acc`` is updated in place, so the
+    output after five launches would not match the reference's one."""
+    phases: list[Phase] = []
+    may_prune = user_trial(tmp_path, {"BLOCK": 64}).model_copy(update={"repeats": 7, "prune_above_ms": 1.0})
+    result = runner.run_trial(may_prune, progress=lambda p, fp: phases.append(p))
+    assert result.outcome == Outcome.OK, result.error
+    assert result.pruned is None and len(result.times) == 7
+    candidate = ("vadd", ("-DBLOCK=64", f"-Dproblem_size_0={N}"))
+    reference = ("vadd", ("-DBLOCK=128", f"-Dproblem_size_0={N}"))
+    # The checked launch, one warm-up, three timed, the reference, four more timed.
+    assert emu.launches == [candidate] * 5 + [reference] + [candidate] * 4
+    assert phases[-4:] == [Phase.TIME, Phase.REFERENCE, Phase.VERIFY, Phase.TIME]
+
+
+def test_a_pruned_user_configuration_is_not_verified(emu: EmuCupy, tmp_path: Path) -> None:
+    wrong = user_trial(tmp_path, {"BLOCK": 256}).model_copy(update={"repeats": 7, "prune_above_ms": 0.1})
+    result = runner.run_trial(wrong)
+    assert result.outcome == Outcome.OK and result.pruned, result.error
+    assert len(emu.launches) == 1 + 1 + 3  # no reference run
+    kept = runner.run_trial(wrong.model_copy(update={"prune_above_ms": 1.0}))
+    assert kept.outcome == Outcome.CORRECTNESS_ERROR and "wrong result in c" in kept.error
+
+
 def test_the_reference_configuration_itself_is_not_compared(emu: EmuCupy, tmp_path: Path) -> None:
     result = runner.run_trial(user_trial(tmp_path, {"BLOCK": 128}))
     assert result.outcome == Outcome.OK, result.error
