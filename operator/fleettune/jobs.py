@@ -105,8 +105,12 @@ def kernel_ref(spec: TuningRunSpec, source_digest: str | None = None) -> dict[st
 def prune_above_ms(factor: float, best_ms: float | None) -> float | None:
     """The time (ms) above which a trial's timing stops early: `kernel.pruneSlowerThan`
     (``factor``) × the target's best so far; None when nothing is measured yet or pruning
-    is off (0)."""
-    return factor * best_ms if factor > 0 and best_ms is not None and best_ms > 0 else None
+    is off (0).
+
+    Never below the best (a factor under 1, which the CRD rejects, counts as 1): a pruned
+    configuration is not verified, and that is safe only because it reports a time above
+    the cut-off, so it can never become the best."""
+    return max(factor, 1.0) * best_ms if factor > 0 and best_ms is not None and best_ms > 0 else None
 
 
 def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any],

@@ -1,6 +1,7 @@
 import copy
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fleettune.api import TargetSpec, TuningRunSpec
@@ -246,3 +247,14 @@ def test_a_jobs_work_is_read_back_as_rendered_and_parsed_once():
     first = work_of(body)
     assert first.index == 7 and first.config == CONFIG
     assert work_of(copy.deepcopy(body)) is first  # the same text: not parsed again
+
+
+@pytest.mark.parametrize(("factor", "best_ms", "expected"), [
+    (2.0, 1.5, 3.0), (1.0, 1.5, 1.5), (0.0, 1.5, None), (2.0, None, None), (2.0, 0.0, None),
+    (0.5, 1.5, 1.5),  # under 1 (the CRD rejects it): never a cut-off below the best
+])
+def test_the_pruning_cut_off_is_never_below_the_best(factor: float, best_ms: float | None,
+                                                     expected: float | None) -> None:
+    from fleettune.jobs import prune_above_ms
+
+    assert prune_above_ms(factor, best_ms) == expected
