@@ -95,7 +95,7 @@ class Metrics:
             "outcomes, infra_error).", [*POOL_LABELS, "outcome"], registry=r,
         )
         self.pruned = Counter(
-            f"{PREFIX}_trials_pruned", "Valid trials timed for 3 launches only: slower than "
+            f"{PREFIX}_trials_pruned", "Trials timed for 3 launches only, not verified: slower than "
             "kernel.pruneSlowerThan x the pool's best time so far (counted in trials_total as ok too).",
             POOL_LABELS, registry=r,
         )

@@ -45,7 +45,7 @@ class PoolReport:
     invalid_by_outcome: dict[str, int] = field(default_factory=dict)
     pods: int = 0  # trial Pods (Jobs) the records came from: fewer than trials when batched
     gpu_s: float = 0.0  # GPU seconds the configurations took (verification and timing)
-    pruned: int = 0  # valid configurations timed no further than it took to see they are slow
+    pruned: int = 0  # configurations timed no further (nor verified) than it took to see they are slow
 
     @property
     def synthetic(self) -> bool:

@@ -59,7 +59,7 @@ class TrialRecord(BaseModel):
     problem_size: list[int] | None = None  # set when the run tunes several sizes
     compile_s: float | None = None  # as the job reports it (off the GPU when compiled ahead)
     run_s: float | None = None  # GPU seconds: first launch to the end of timing
-    pruned: bool | None = None  # True: timed for 3 launches only (kernel.pruneSlowerThan); absent otherwise
+    pruned: bool | None = None  # True: timed for 3 launches only, not verified (kernel.pruneSlowerThan)
 
     @property
     def is_observation(self) -> bool:
