@@ -12,6 +12,7 @@ from __future__ import annotations
 import calendar
 import json
 import time
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -190,11 +191,24 @@ def test_evicted_trial_pod_is_retried_not_recorded_as_infeasible(cluster, namesp
             client.CoreV1Api(api).create_namespaced_pod_eviction(
                 pod, namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
                                  "metadata": {"name": pod, "namespace": namespace}})
+        # In 2 of about 10 full runs (never alone, never in the file's own runs) the run had not
+        # finished 240 s after the eviction, with no replacement Pod in kwok's log. Until the
+        # cause is known: a slow retry is reported as a warning with what the cluster showed
+        # after 60 s, and fails the test only past the Job controller's 5-minute expectations
+        # timeout (after which it re-syncs a Job whatever it was waiting for).
         try:
-            run = wait_phase(cluster, namespace, "evict", 240, operator)
-        except AssertionError as exc:  # say where the retry stopped (seen in full runs, never alone)
-            raise AssertionError(f"{exc}; Pods per trial {dict(pods_of)}, completer errors {completer.errors[-3:]}; "
-                                 + _where_it_stopped(cluster, namespace, "evict")) from None
+            run = wait_phase(cluster, namespace, "evict", 60, operator)
+        except AssertionError:
+            early = f"Pods per trial {dict(pods_of)}; " + _where_it_stopped(cluster, namespace, "evict")
+            started = time.monotonic()
+            try:
+                run = wait_phase(cluster, namespace, "evict", 360, operator)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; after 60 s: {early}; at the end: Pods per trial {dict(pods_of)}, "
+                                     f"completer errors {completer.errors[-3:]}; "
+                                     + _where_it_stopped(cluster, namespace, "evict")) from None
+            warnings.warn(f"the evicted trial's retry took {60 + time.monotonic() - started:.0f} s; "
+                          f"after 60 s: {early}", stacklevel=1)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert pods_of[victim_index] == 2, "the evicted trial ran again in a new Pod"
     records = stored_records(cluster, namespace, "evict")
