@@ -112,9 +112,9 @@ def measure(
 
     ``verify`` (checking the configuration's output; it raises for a wrong one) runs once,
     before any launch when nothing can be pruned, else once the first ``prune_runs`` did
-    not prune: a pruned configuration cannot become the best, so its output does not
-    matter, and verification costs GPU time (a reference computation) that would
-    otherwise be most of a pruned configuration's.
+    not prune (followed by the warm-ups again): a pruned configuration cannot become the
+    best, so its output does not matter, and verification costs GPU time (a reference
+    computation) that would otherwise be most of a pruned configuration's.
     """
     deferred = verify if can_prune(repeats, prune_above_ms, prune_runs) else None
     if verify is not None and deferred is None:
@@ -132,6 +132,10 @@ def measure(
             if deferred is not None:
                 deferred()
                 deferred = None
+                # The check left the GPU idle (a reference computation, maybe its compile):
+                # warm it up again, as before the first timed launch.
+                for _ in range(warmups):
+                    timer(launch)
         elapsed = timer(launch)
         times.append(elapsed)
         total_s += elapsed / 1000.0

@@ -284,17 +284,20 @@ def test_streamed_answers_of_running_pods_reach_the_next_suggestion(ts, monkeypa
 def test_pruning_stops_only_clearly_slow_configurations() -> None:
     from types import SimpleNamespace
 
-    times = [[9.0] * 8, [9.0, 9.0, 9.0, 1.0, 1.0], [2.0] * 8, [9.0] * 3, []]
-    space = SimpleNamespace(replay=SimpleNamespace(times=times), bench_s=np.array([0.8, 0.5, 0.8, 0.3, 0.0]),
-                            verify_s=np.array([0.2, 0.2, 0.2, 0.2, 0.0]))
-    gpu_s = np.array([1.0, 0.7, 1.0, 0.5, 0.0])  # verification 0.2 + benchmark; the last failed to build
-    idx = np.arange(5)
+    times = [[9.0] * 8, [9.0, 9.0, 9.0, 1.0, 1.0], [2.0] * 8, [9.0] * 3, [6.0] * 8, []]
+    # The fifth's recorded time (4 ms) is not its runs' median: it is judged on that scale.
+    time_ms = np.array([9.0, 9.0, 2.0, 9.0, 4.0, np.nan])
+    space = SimpleNamespace(replay=SimpleNamespace(times=times, time_ms=time_ms),
+                            bench_s=np.array([0.8, 0.5, 0.8, 0.3, 0.8, 0.0]),
+                            verify_s=np.array([0.2, 0.2, 0.2, 0.2, 0.2, 0.0]))
+    gpu_s = np.array([1.0, 0.7, 1.0, 0.5, 1.0, 0.0])  # verification 0.2 + benchmark; the last failed to build
+    idx = np.arange(6)
     got, pruned = pruned_runs(space, idx, gpu_s, cutoff_ms=5.0)
     # Over the cut-off after 3 runs: 3 of 8 (and 3 of 5) runs' share of the benchmark is
-    # spent, and no verification; under it, or with no more runs than that, or never built:
-    # unchanged.
-    np.testing.assert_allclose(got, [0.8 * 3 / 8, 0.5 * 3 / 5, 1.0, 0.5, 0.0])
-    assert pruned.tolist() == [True, True, False, False, False]
+    # spent, and no verification; under it (on the recording's scale), or with no more runs
+    # than that, or never built: unchanged.
+    np.testing.assert_allclose(got, [0.8 * 3 / 8, 0.5 * 3 / 5, 1.0, 0.5, 1.0, 0.0])
+    assert pruned.tolist() == [True, True, False, False, False, False]
     for cutoff in (10.0, None):
         got, pruned = pruned_runs(space, idx, gpu_s, cutoff_ms=cutoff)
         np.testing.assert_allclose(got, gpu_s)

@@ -46,7 +46,7 @@ import numpy as np
 from fleettune.api.spec import KernelSpec
 from fleettune.jobs import prune_above_ms
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
-from fleettune_dev.sim.answer import pruned_objective
+from fleettune_dev.sim.answer import pruned_objective, scaled_runs
 from fleettune_dev.sim.startup import PodStartup
 from fleettune_job.protocol import PRUNE_RUNS, Outcome
 from fleettune_job.timing import pruned_after
@@ -255,10 +255,11 @@ class Run:
 
 def observe_recorded(study: Any, replay: Replay, config: dict[str, Any], c: int, pruned: bool = False) -> float:
     """Feed the study configuration ``c``'s recorded result, as the job reports it: a pruned
-    one from its first `PRUNE_RUNS` runs (`pruned_objective`). Returns the time (NaN: failed)."""
+    one from its first `PRUNE_RUNS` runs on the recording's scale (`pruned_objective`).
+    Returns the time (NaN: failed)."""
     t = replay.time_ms[c]
     if math.isfinite(t):
-        runs = replay.times[c][:PRUNE_RUNS] if pruned else replay.times[c]
+        runs = scaled_runs(float(t), replay.times[c])[:PRUNE_RUNS] if pruned else replay.times[c]
         t = pruned_objective(float(t), replay.times[c]) if pruned else float(t)
         study.observe(config, Outcome.OK, t, runs)
         return t
@@ -289,15 +290,16 @@ def clairvoyant_s(ts: TimedSpace, model: FleetModel, gpus: int, seed: int, level
 def pruned_runs(ts: TimedSpace, idx: np.ndarray, gpu_s: np.ndarray,
                 cutoff_ms: float | None) -> tuple[np.ndarray, np.ndarray]:
     """GPU seconds of configurations ``idx``, and which of them are pruned: those whose
-    first `PRUNE_RUNS` recorded runs have a median above ``cutoff_ms`` (`pruned_after`) stop
-    benchmarking there and are not verified (None: nothing is pruned)."""
+    first `PRUNE_RUNS` recorded runs, on the recording's scale (`scaled_runs`), have a median
+    above ``cutoff_ms`` (`pruned_after`) stop benchmarking there and are not verified (None:
+    nothing is pruned)."""
     out = gpu_s[idx].copy()
     pruned = np.zeros(len(idx), dtype=bool)
     if cutoff_ms is None:
         return out, pruned
     for j, c in enumerate(idx):
-        runs = ts.replay.times[c]
-        if out[j] > 0 and pruned_after(runs, len(runs), cutoff_ms):
+        runs, t = ts.replay.times[c], float(ts.replay.time_ms[c])
+        if out[j] > 0 and math.isfinite(t) and pruned_after(scaled_runs(t, runs), len(runs), cutoff_ms):
             out[j] -= ts.verify_s[c] + ts.bench_s[c] * (1 - PRUNE_RUNS / len(runs))
             pruned[j] = True
     return out, pruned

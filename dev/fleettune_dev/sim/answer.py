@@ -132,12 +132,21 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000.0
 
 
+def scaled_runs(time_ms: float, runs: Sequence[float]) -> list[float]:
+    """A recorded configuration's runs on the scale of its recorded time: what the job's
+    timing loop sees of a configuration whose objective is that time. Some recordings' time
+    is not their runs' median (the RTX 2080 Ti convolution's is up to 30 % off), and every
+    configuration's objective, and the pruning decision on it, must stay on the recording's
+    own scale."""
+    middle = statistics.median(runs)
+    return [r * time_ms / middle for r in runs]
+
+
 def pruned_objective(time_ms: float, runs: Sequence[float]) -> float:
-    """A recorded configuration's time had the job pruned it: the recorded time, scaled by
-    how the median of its first PRUNE_RUNS runs differs from the median of all of them.
-    Some recordings' time is not their runs' median (the RTX 2080 Ti convolution's is up to
-    30 % off), and every configuration's objective must stay on the recording's own scale."""
-    return time_ms * statistics.median(runs[:PRUNE_RUNS]) / statistics.median(runs)
+    """A recorded configuration's time had the job pruned it: the median of its first
+    PRUNE_RUNS runs, on the recording's scale (`scaled_runs`). Above the cut-off whenever
+    `pruned_after` prunes on those runs, as in the job."""
+    return statistics.median(scaled_runs(time_ms, runs)[:PRUNE_RUNS])
 
 
 def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: Measurement,
@@ -157,11 +166,11 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
     assert m.time_ms is not None
     recorded_benchmark = _seconds(m.benchmark_ms)
     objective, runs = m.time_ms, m.times or (m.time_ms,)
-    cut = pruned_after(runs, min(trial.repeats, len(runs)), trial.prune_above_ms)
+    cut = pruned_after(scaled_runs(m.time_ms, runs), min(trial.repeats, len(runs)), trial.prune_above_ms)
     if cut:
         # The job stops timing after PRUNE_RUNS launches, before verifying: their share of
         # the recorded benchmark, no verification.
-        objective, runs = pruned_objective(m.time_ms, runs), runs[:PRUNE_RUNS]
+        objective, runs = pruned_objective(m.time_ms, runs), scaled_runs(m.time_ms, runs)[:PRUNE_RUNS]
         run_s = (m.time_ms * (trial.warmups + PRUNE_RUNS) / 1000.0 if recorded_benchmark is None
                  else recorded_benchmark * PRUNE_RUNS / len(m.times))
     else:

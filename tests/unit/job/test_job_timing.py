@@ -99,6 +99,8 @@ def test_verification_waits_for_the_pruning_decision(ms: float, prune_above_ms: 
                     clock=gpu.clock, verify=lambda: seen.append(gpu.launches))
     assert seen == ([] if verified_after is None else [(0 if verified_after == 0 else 2 + verified_after)])
     assert len(times) == (3 if verified_after is None else repeats)
+    # A check between timed launches is followed by the warm-ups again: the GPU sat idle.
+    assert gpu.launches == 2 + len(times) + (2 if verified_after == 3 else 0)
 
 
 def test_a_wrong_result_stops_timing() -> None:

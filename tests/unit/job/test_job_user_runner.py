@@ -94,6 +94,17 @@ class EmuKernel:
                     arg[...] = np.fromfile(Path(tmp, f"{i}.bin"), dtype=arg.dtype).reshape(arg.shape)
 
 
+class OutOfMemory(Exception):
+    """cupy.cuda.memory.OutOfMemoryError's stand-in."""
+
+
+class FullGpu(np.ndarray):
+    """A device array with no room left on the GPU for a copy of it."""
+
+    def copy(self, order: Any = "C") -> np.ndarray:
+        raise OutOfMemory("out of memory to allocate 4000 bytes")
+
+
 class EmuCupy:
     """numpy under cupy's names; kernels run in the C++ emulation of CUDA."""
 
@@ -133,6 +144,7 @@ class EmuCupy:
             Event=Event,
             get_elapsed_time=lambda start, end: 0.25,
             get_current_stream=lambda: None,
+            memory=SimpleNamespace(OutOfMemoryError=OutOfMemory),
         )
 
     def asarray(self, data: Any) -> np.ndarray:
@@ -230,9 +242,22 @@ def test_a_configuration_that_may_be_pruned_is_verified_on_its_first_launchs_out
     assert result.pruned is None and len(result.times) == 7
     candidate = ("vadd", ("-DBLOCK=64", f"-Dproblem_size_0={N}"))
     reference = ("vadd", ("-DBLOCK=128", f"-Dproblem_size_0={N}"))
-    # The checked launch, one warm-up, three timed, the reference, four more timed.
-    assert emu.launches == [candidate] * 5 + [reference] + [candidate] * 4
+    # The checked launch, one warm-up, three timed, the reference, the warm-up again, four
+    # more timed.
+    assert emu.launches == [candidate] * 5 + [reference] + [candidate] * 5
     assert phases[-4:] == [Phase.TIME, Phase.REFERENCE, Phase.VERIFY, Phase.TIME]
+
+
+def test_without_room_for_a_copy_of_the_outputs_the_check_comes_before_timing(
+        emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(emu, "asarray", lambda data: np.array(data, copy=True).view(FullGpu))
+    may_prune = user_trial(tmp_path, {"BLOCK": 64}).model_copy(update={"repeats": 7, "prune_above_ms": 1.0})
+    result = runner.run_trial(may_prune)
+    assert result.outcome == Outcome.OK, result.error
+    candidate = ("vadd", ("-DBLOCK=64", f"-Dproblem_size_0={N}"))
+    reference = ("vadd", ("-DBLOCK=128", f"-Dproblem_size_0={N}"))
+    # Checked on the first launch's output in place, then one warm-up and seven timed.
+    assert emu.launches == [candidate, reference] + [candidate] * 8
 
 
 def test_a_pruned_user_configuration_is_not_verified(emu: EmuCupy, tmp_path: Path) -> None:

@@ -125,6 +125,11 @@ def test_a_pruned_configuration_is_answered_and_charged_as_the_job_times_it():
     assert ans.result.objective == 5.0 and ans.result.times == [4.0, 5.0, 6.0] and ans.result.pruned
     assert ans.gpu_s == pytest.approx(0.8 * 3 / 8)
     assert answer_trial(modelled, A100, LABELS, model).gpu_s == pytest.approx(4.0 * (3 + 3) / 1000)
+    # Pruned or not on the recording's scale: runs of 6 ms for a recorded 4 ms are 4 ms runs.
+    offset = RecordedKernel(Recording(name="offset", device_name="GPU", kernel_name="k", problem_size=[4096, 4096],
+                                      keys=("bx", "by"), table={"16,1": Measurement(4.0, (6.0,) * 8)}))
+    kept = answer_trial(costed, A100, LABELS, offset)
+    assert kept.result.pruned is None and kept.result.objective == 4.0
     # Under the cut-off (or with no cut-off), every run the trial asks for.
     for kept in (costed.model_copy(update={"prune_above_ms": 5.5}), costed.model_copy(update={"prune_above_ms": None})):
         ans = answer_trial(kept, A100, LABELS, model)
