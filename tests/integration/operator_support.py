@@ -87,13 +87,14 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.starts += 1
-        log = open(self.log_dir / f"operator-{self.namespace}-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace,
-             "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"],
-            env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        # The child writes to its own copy of the descriptor: the test's is closed at once.
+        with open(self.log_dir / f"operator-{self.namespace}-{self.starts}.log", "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace,
+                 "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"],
+                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
