@@ -116,8 +116,9 @@ def measure(
     best, so its output does not matter, and verification costs GPU time (a reference
     computation) that would otherwise be most of a pruned configuration's.
     """
-    deferred = verify if can_prune(repeats, prune_above_ms, prune_runs) else None
-    if verify is not None and deferred is None:
+    prunable = can_prune(repeats, prune_above_ms, prune_runs)
+    deferred = verify if prunable else None
+    if verify is not None and not prunable:
         verify()
     for _ in range(warmups):
         timer(launch)
@@ -126,7 +127,7 @@ def measure(
     while len(times) < repeats or (total_s < min_duration_s and len(times) < max_repeats):
         if len(times) >= repeats and deadline is not None and clock() >= deadline:
             break
-        if len(times) == prune_runs and can_prune(repeats, prune_above_ms, prune_runs):
+        if prunable and len(times) == prune_runs:
             if pruned_after(times, repeats, prune_above_ms, prune_runs):
                 break
             if deferred is not None:

@@ -61,14 +61,13 @@ def _one_pool(name: str, target: str = "a100", **budget: int) -> dict[str, Any]:
 def _where_it_stopped(cluster, namespace: str, run: str) -> str:
     """The run's Jobs, Pods and last events, for a test that timed out waiting for it."""
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
-    events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", "--no-headers").stdout
     return "; ".join([
         *(f"Job {j['metadata']['name']} {j.get('status')}" for j in jobs(cluster, namespace, run)),
         *(f"Pod {q['metadata']['name']} {q['status'].get('phase')} on {q['spec'].get('nodeName')} "
           f"deleting={bool(q['metadata'].get('deletionTimestamp'))} finalizers={q['metadata'].get('finalizers')} "
           f"conditions={[(c['type'], c.get('reason'), c.get('message')) for c in q['status'].get('conditions') or []]}"
           for q in pods),
-        "events: " + " | ".join(events.splitlines()[-12:]),
+        "events: " + " | ".join(_events(cluster, namespace).splitlines()[-12:]),
     ])
 
 

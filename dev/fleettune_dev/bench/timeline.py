@@ -46,7 +46,7 @@ import numpy as np
 from fleettune.api.spec import KernelSpec
 from fleettune.jobs import prune_above_ms
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
-from fleettune_dev.sim.answer import pruned_objective, scaled_runs
+from fleettune_dev.sim.answer import pruned_result, scaled_runs
 from fleettune_dev.sim.startup import PodStartup
 from fleettune_job.protocol import PRUNE_RUNS, Outcome
 from fleettune_job.timing import pruned_after
@@ -255,12 +255,11 @@ class Run:
 
 def observe_recorded(study: Any, replay: Replay, config: dict[str, Any], c: int, pruned: bool = False) -> float:
     """Feed the study configuration ``c``'s recorded result, as the job reports it: a pruned
-    one from its first `PRUNE_RUNS` runs on the recording's scale (`pruned_objective`).
+    one from its first `PRUNE_RUNS` runs on the recording's scale (`pruned_result`).
     Returns the time (NaN: failed)."""
     t = replay.time_ms[c]
     if math.isfinite(t):
-        runs = scaled_runs(float(t), replay.times[c])[:PRUNE_RUNS] if pruned else replay.times[c]
-        t = pruned_objective(float(t), replay.times[c]) if pruned else float(t)
+        t, runs = pruned_result(float(t), replay.times[c]) if pruned else (float(t), replay.times[c])
         study.observe(config, Outcome.OK, t, runs)
         return t
     study.observe(config, FAILURE_OUTCOME.get(replay.failure[c] or "runtime", Outcome.RUNTIME_ERROR))

@@ -142,11 +142,12 @@ def scaled_runs(time_ms: float, runs: Sequence[float]) -> list[float]:
     return [r * time_ms / middle for r in runs]
 
 
-def pruned_objective(time_ms: float, runs: Sequence[float]) -> float:
-    """A recorded configuration's time had the job pruned it: the median of its first
-    PRUNE_RUNS runs, on the recording's scale (`scaled_runs`). Above the cut-off whenever
-    `pruned_after` prunes on those runs, as in the job."""
-    return statistics.median(scaled_runs(time_ms, runs)[:PRUNE_RUNS])
+def pruned_result(time_ms: float, runs: Sequence[float]) -> tuple[float, list[float]]:
+    """What the job reports of a recorded configuration it pruned: the median of its first
+    PRUNE_RUNS runs on the recording's scale (`scaled_runs`), and those runs. Above the
+    cut-off whenever `pruned_after` prunes on them, as in the job."""
+    first = scaled_runs(time_ms, runs)[:PRUNE_RUNS]
+    return statistics.median(first), first
 
 
 def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: Measurement,
@@ -170,7 +171,7 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
     if cut:
         # The job stops timing after PRUNE_RUNS launches, before verifying: their share of
         # the recorded benchmark, no verification.
-        objective, runs = pruned_objective(m.time_ms, runs), scaled_runs(m.time_ms, runs)[:PRUNE_RUNS]
+        objective, runs = pruned_result(m.time_ms, runs)
         run_s = (m.time_ms * (trial.warmups + PRUNE_RUNS) / 1000.0 if recorded_benchmark is None
                  else recorded_benchmark * PRUNE_RUNS / len(m.times))
     else:
