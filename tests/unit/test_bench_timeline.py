@@ -28,6 +28,7 @@ from fleettune_dev.bench.timeline import (
     plan_pod,
     pod_answers,
     pruned_runs,
+    random_expectation_s,
     reach,
     run_kernel_tuner,
     run_metrics,
@@ -481,3 +482,36 @@ def test_strategy_bench_prints_the_batch_comparison(ts, capsys) -> None:
                           "--batch", "4", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
     assert "random-2x4" in text and "vs sequential" in text and "target (issue #16)" in text
+
+
+def test_random_expectation_is_the_mean_over_every_order_of_draws(ts) -> None:
+    """Against the definition, by brute force: random orders of the recording's
+    configurations, each paying its recorded costs until the first at 0.95 of the optimum."""
+    r = ts.replay
+    cost = ts.compile_s + ts.verify_s + ts.bench_s + ts.framework_s
+    good = np.nan_to_num(r.time_ms, nan=np.inf) <= r.optimum / 0.95
+    assert 0 < good.sum() < len(good)  # the space has both, so the order matters
+    rng = np.random.default_rng(0)
+    draws = []
+    for _ in range(20000):
+        order = rng.permutation(len(cost))
+        first = int(np.flatnonzero(good[order])[0])
+        draws.append(float(cost[order[: first + 1]].sum()))
+    expected = random_expectation_s(ts)
+    assert expected == pytest.approx(float(np.mean(draws)), rel=4 * np.std(draws) / np.sqrt(len(draws)) / expected)
+
+
+def test_compare_puts_random_sampling_at_its_expectation() -> None:
+    def summary(mode: str, wall: float) -> dict:
+        return {"space": "s", "mode": mode, "gpus": 1, "seeds": 2, "wall_s_to_0.95": wall, "reached_0.95": 2,
+                "gpu_s_to_0.95": wall, "evals_to_0.95": 10.0, "gpu_s_per_eval": 1.0, "gpu_s_per_eval_bound": 2.0}
+
+    rows = [summary("batch", 30.0), summary("kernel_tuner:random_sample", 20.0), summary("kernel_tuner:x", 80.0)]
+    lucky = compare(rows, [1], random_expected={"s": 60.0})["per_gpus"]["1"]
+    assert lucky["rows"][0]["wall_ratio"] == pytest.approx(1.5)  # the target's verdict keeps the measured runs
+    assert lucky["rows"][0]["kt_expected_s"] == pytest.approx(60.0)
+    assert lucky["mean_wall_ratio_expected"] == pytest.approx(0.5)
+    # Another strategy better than random sampling's expectation stays the baseline.
+    assert compare(rows, [1], random_expected={"s": 90.0})["per_gpus"]["1"]["mean_wall_ratio_expected"] == \
+        pytest.approx(30 / 80)
+    assert math.isnan(compare(rows, [1])["per_gpus"]["1"]["mean_wall_ratio_expected"])
