@@ -367,12 +367,14 @@ def test_no_run_beats_the_clairvoyant_floor(ts, gpus) -> None:
     assert clairvoyant_s(ts, model, 8, 0) <= clairvoyant_s(ts, model, 1, 0)
 
 
-def test_compare_shows_each_ratio_against_the_clairvoyant_floor() -> None:
-    def summary(mode: str, wall: float) -> dict:
-        return {"space": "s", "mode": mode, "gpus": 1, "seeds": 2, "wall_s_to_0.95": wall, "reached_0.95": 2,
-                "gpu_s_to_0.95": wall, "evals_to_0.95": 10.0, "gpu_s_per_eval": 1.0, "gpu_s_per_eval_bound": 2.0}
+def _summary(mode: str, wall: float) -> dict:
+    """One space's summary row, as `compare` reads it: wall-clock = GPU-seconds to 0.95."""
+    return {"space": "s", "mode": mode, "gpus": 1, "seeds": 2, "wall_s_to_0.95": wall, "reached_0.95": 2,
+            "gpu_s_to_0.95": wall, "evals_to_0.95": 10.0, "gpu_s_per_eval": 1.0, "gpu_s_per_eval_bound": 2.0}
 
-    rows = [summary("batch", 30.0), summary("kernel_tuner:random_sample", 60.0), summary("kernel_tuner:x", 80.0)]
+
+def test_compare_shows_each_ratio_against_the_clairvoyant_floor() -> None:
+    rows = [_summary("batch", 30.0), _summary("kernel_tuner:random_sample", 60.0), _summary("kernel_tuner:x", 80.0)]
     entry = compare(rows, [1], {("s", 1): 12.0})["per_gpus"]["1"]
     assert entry["rows"][0]["wall_ratio"] == pytest.approx(0.5)
     assert entry["rows"][0]["clairvoyant_ratio"] == pytest.approx(0.2)  # against the best Kernel Tuner strategy
@@ -502,11 +504,7 @@ def test_random_expectation_is_the_mean_over_every_order_of_draws(ts) -> None:
 
 
 def test_compare_puts_random_sampling_at_its_expectation() -> None:
-    def summary(mode: str, wall: float) -> dict:
-        return {"space": "s", "mode": mode, "gpus": 1, "seeds": 2, "wall_s_to_0.95": wall, "reached_0.95": 2,
-                "gpu_s_to_0.95": wall, "evals_to_0.95": 10.0, "gpu_s_per_eval": 1.0, "gpu_s_per_eval_bound": 2.0}
-
-    rows = [summary("batch", 30.0), summary("kernel_tuner:random_sample", 20.0), summary("kernel_tuner:x", 80.0)]
+    rows = [_summary("batch", 30.0), _summary("kernel_tuner:random_sample", 20.0), _summary("kernel_tuner:x", 80.0)]
     lucky = compare(rows, [1], random_expected={"s": 60.0})["per_gpus"]["1"]
     assert lucky["rows"][0]["wall_ratio"] == pytest.approx(1.5)  # the target's verdict keeps the measured runs
     assert lucky["rows"][0]["kt_expected_s"] == pytest.approx(60.0)
