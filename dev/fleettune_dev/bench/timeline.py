@@ -294,10 +294,10 @@ def random_expectation_s(ts: TimedSpace, level: float = 0.95) -> float:
 
     Each of the B configurations below ``level`` comes before all G at it with probability
     1 / (G + 1), and the first of those G is any one of them alike, so the expectation is
-    sum(cost of the B) / (G + 1) + mean(cost of the G). A mean over ten seeds of a search
-    this lucky-or-not (a space where one configuration in seven is good) can sit far from
-    it; this is the same baseline with no seed in it. The strategy's own time between
-    draws (milliseconds) is left out."""
+    sum(cost of the B) / (G + 1) + mean(cost of the G). Where good configurations are
+    common, a few seeds' mean of such draws is mostly the luck of their first draws; this
+    is the same baseline with no seed in it. The strategy's own time between draws
+    (milliseconds) is left out."""
     r = ts.replay
     cost = ts.compile_s + ts.verify_s + ts.bench_s + ts.framework_s
     good = np.nan_to_num(r.time_ms, nan=np.inf) <= r.optimum / level
