@@ -12,6 +12,7 @@ from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError
 
 from fleettune_job import fingerprint, runner
 from fleettune_job.classify import NoGpu, Phase
+from fleettune_job.kernels import BUILTINS
 from fleettune_job.protocol import KernelRef, Outcome, Trial, decode
 
 Behaviour = Callable[[tuple[int, ...], tuple[int, ...], tuple[Any, ...]], None]
@@ -101,6 +102,8 @@ def trial(name: str = "scan", config: dict[str, Any] | None = None, problem_size
 @pytest.fixture(autouse=True)
 def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "_MODULES", {})
+    monkeypatch.setattr(runner, "_DATA", {})
+    monkeypatch.setattr(runner, "_REFERENCE", {})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
 
 
@@ -211,6 +214,60 @@ def test_wrong_and_unwritten_results_are_correctness_errors(monkeypatch: pytest.
     use(monkeypatch, FakeCupy(lambda grid, block, args: None))
     result = runner.run_trial(trial())
     assert result.outcome == Outcome.CORRECTNESS_ERROR and "192 never written" in result.error
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int]:
+    calls = [0]
+    original = getattr(cls, name)
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kw)
+
+    monkeypatch.setattr(cls, name, counted)
+    return calls
+
+
+def test_one_problem_is_drawn_once_and_its_reference_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, FakeCupy(scan_correct))
+    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, array: True)
+    problem = type(BUILTINS["scan"].problem)
+    fills, references = _counting(monkeypatch, problem, "fill"), _counting(monkeypatch, problem, "reference")
+    for _ in range(3):
+        assert runner.run_trial(trial()).outcome == Outcome.OK
+    assert (fills[0], references[0]) == (1, 1)
+    assert runner.run_trial(trial(problem_size=[32, 5])).outcome == Outcome.OK  # another problem
+    assert (fills[0], references[0]) == (2, 2) and len(runner._DATA) == len(runner._REFERENCE) == 1
+
+
+def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    def scribbler(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
+        scan_correct(grid, block, args)
+        args[1][...] = 0  # its own input: the next configuration still gets the problem's data
+
+    use(monkeypatch, FakeCupy(scribbler))
+    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, array: True)
+    assert runner.run_trial(trial()).outcome == Outcome.CORRECTNESS_ERROR
+    use(monkeypatch, FakeCupy(scan_correct))
+    assert runner.run_trial(trial()).outcome == Outcome.OK
+    # A kept reference written over: the configuration is checked again on a fresh one.
+    (kept,) = runner._REFERENCE.values()
+    kept[...] = 0
+    references = _counting(monkeypatch, type(BUILTINS["scan"].problem), "reference")
+    assert runner.run_trial(trial()).outcome == Outcome.OK and references[0] == 1
+    assert runner.run_trial(trial()).outcome == Outcome.OK and references[0] == 1  # the fresh one is kept
+    use(monkeypatch, FakeCupy(lambda grid, block, args: None))
+    result = runner.run_trial(trial())
+    assert result.outcome == Outcome.CORRECTNESS_ERROR and "192 never written" in result.error
+
+
+def test_a_reference_too_large_for_the_free_memory_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = use(monkeypatch, FakeCupy(scan_correct))
+    fake.cuda.runtime.memGetInfo = lambda: (4 * 192 * 8 - 1, 1 << 30)  # scan's float64 reference: 192 x 8 bytes
+    fake.get_default_memory_pool = lambda: SimpleNamespace(free_bytes=lambda: 0)
+    assert runner.run_trial(trial()).outcome == Outcome.OK and not runner._REFERENCE
+    fake.cuda.runtime.memGetInfo = lambda: (4 * 192 * 8, 1 << 30)
+    assert runner.run_trial(trial()).outcome == Outcome.OK and len(runner._REFERENCE) == 1
 
 
 def test_invalid_configuration_is_reported_with_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
