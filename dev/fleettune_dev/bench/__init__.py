@@ -1,7 +1,7 @@
-"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline ...` (they print tables).
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job ...` (they print tables).
 
 What each measures, its targets and how to run it: docs/bench-space.md, bench-strategy.md,
-bench-warmstart.md, bench-load.md, memory.md and bench-timeline.md.
+bench-warmstart.md, bench-load.md, memory.md, bench-timeline.md and bench-job.md.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "load": "fleettune_dev.bench.load",
     "memory": "fleettune_dev.bench.memory",
     "timeline": "fleettune_dev.bench.timeline",
+    "job": "fleettune_dev.bench.job",
 }
 
 
