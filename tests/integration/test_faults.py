@@ -364,6 +364,47 @@ def test_pool_without_nodes_gets_a_condition_no_busy_loop_and_others_finish(clus
     _assert_clean_log(operator)
 
 
+def test_a_pool_scaled_to_zero_withdraws_its_pending_trial_when_no_node_comes(cluster, crd, namespace, tmp_path):
+    """The trial kept pending for an autoscaler is deleted when the wait ends, with no record:
+    the autoscaler stops being asked for a node, and the configuration is not lost."""
+    from operator_support import ChartIdentity
+
+    identity = ChartIdentity(cluster, namespace, tmp_path)
+    operator = OperatorProcess(identity.kubeconfig, namespace, tmp_path, env={"FLEETTUNE_NODE_WAIT_SECONDS": "8"})
+    operator.start()
+    doc = example("zero", trialsPerTarget=3, parallelism=2)
+    doc["spec"]["targets"] = [{"name": "h", "nodeSelector": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-PCIE-40GB", "fleettune.dev/ghost": f"zero-{namespace[-6:]}"}}]
+    try:
+        with JobLedger(cluster, namespace) as ledger:
+            assert apply(cluster, namespace, doc).returncode == 0
+
+            def waiting() -> dict[str, Any] | None:
+                targets = (get_run(cluster, namespace, "zero").get("status") or {}).get("targets") or []
+                return targets[0] if targets and "kept pending" in targets[0].get("message", "") else None
+
+            assert "cluster autoscaler" in wait_for(waiting, 60, "the pool to keep a trial pending")["message"]
+            wait_for(lambda: jobs(cluster, namespace, "zero") or None, 30, "the pending trial Job")
+
+            def withdrawn() -> dict[str, Any] | None:
+                targets = (get_run(cluster, namespace, "zero").get("status") or {}).get("targets") or []
+                t = targets[0] if targets else {}
+                return t if t.get("phase") == "Unschedulable" and not jobs(cluster, namespace, "zero") else None
+
+            target = wait_for(withdrawn, 60, "the pool to say Unschedulable and withdraw its Job")
+            time.sleep(3)  # and start none again
+            assert not jobs(cluster, namespace, "zero")
+        assert len(ledger.uids) == 1, ledger.uids
+        assert "1 waiting trial Job(s) withdrawn, 1 configuration(s) back in the queue" in target["message"]
+        assert "Withdrawn: h: no node matches" in _events(cluster, namespace)
+        assert not stored_records(cluster, namespace, "zero")
+        assert target["completed"] == 0 and target.get("infraFailed", 0) == 0 and target.get("invalid", 0) == 0
+    finally:
+        operator.stop()
+        identity.remove()
+    _assert_clean_log(operator)
+
+
 # ---------------------------------------------------------------------------- deletion
 
 

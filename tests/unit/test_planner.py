@@ -10,6 +10,7 @@ import pytest
 from fleet_double import A100, FakeFleet
 
 from fleettune.controller.lifecycle import IllegalTransition, PoolPhase
+from fleettune.jobs import entries_of
 from fleettune.labels import ROUND_LABEL
 from fleettune.metrics import Metrics
 from fleettune_job.protocol import Outcome, TrialResult, infra_failure
@@ -153,15 +154,25 @@ def test_a_pool_scaled_to_zero_keeps_one_trial_pending_for_an_autoscaler_then_sa
     assert deadline > 600, "waiting for the node must not time the trial out"
     f.advance(300)
     assert not f.step().create and f.target()["phase"] == "Running"  # still one pending, no more
+    (waiting,) = f.running()
+    waiting_configs = [c for _, c in entries_of(waiting)]
     f.advance(301)
-    f.step()
+    plan = f.step()
     assert f.target()["phase"] == "Unschedulable" and _degraded(f)
+    # The trial kept pending stops asking an autoscaler for a node: withdrawn, nothing recorded.
+    assert plan.delete_now == [waiting["metadata"]["name"]] and not plan.create and not f.running()
+    assert "1 waiting trial Job(s) withdrawn, 1 configuration(s) back in the queue" in f.target()["message"]
+    assert ("Normal", "Withdrawn") in {e[:2] for e in f.planner.events} and not f.records_of()
+    f.advance(60)
+    assert not f.step().create and not f.running(), "an unschedulable pool starts nothing"
     f.set_nodes({"gpu-0": dict(A100)})  # the autoscaler came late: the pool tunes at full parallelism
-    f.finish()
     f.advance(31)
     plan = f.step()
     assert f.target()["phase"] == "Running" and len(f.running()) == 3 and not _degraded(f)
+    first = [c for job in plan.create for _, c in entries_of(job)]
+    assert all(c in first for c in waiting_configs), "the withdrawn configuration is measured first"
     assert f.run().phase == "Succeeded"
+    assert [r.config for r in f.records_of() if r.config in waiting_configs] == waiting_configs  # once each
 
 
 def test_a_pool_whose_gpu_is_unknown_does_not_wait_for_nodes() -> None:

@@ -358,6 +358,26 @@ class Planner:
             pool.move(PoolPhase(verdict.phase), verdict.message)
         return verdict is not None
 
+    def _withdraw(self, pool: Pool, running: list[Job], plan: Plan) -> None:
+        """A pool no node matches, its wait for an autoscaler over: its trials would wait
+        for a node that is not coming (and keep asking an autoscaler for one), so their
+        Jobs are deleted and their configurations go back to the pool, measured first when
+        a node comes; none is recorded (a Pod that ended is collected before this)."""
+        back = 0
+        for job in running:
+            configs = [config for _, config in entries_of(job)]
+            plan.delete_now.append(job["metadata"]["name"])
+            pool.requeue += configs
+            back += len(configs)
+        if running:
+            names = ", ".join(j["metadata"]["name"] for j in running)
+            note = (f"{len(running)} waiting trial Job(s) withdrawn, {back} configuration(s) back in the queue, "
+                    "none counted as failed")
+            pool.message = f"{pool.message}; {note}" if pool.message else note
+            self.events.append(("Normal", "Withdrawn", f"{pool.key}: no node matches: {bounded(names, 200)}: {note}"))
+            self.log.info("%s: %s", pool.key, note)
+        running.clear()
+
     def _advance(self, pool: Pool, running: list[Job], records: Sequence[TrialRecord], obs: Observed,
                  plan: Plan) -> None:
         assert self.spec is not None and pool.study is not None and pool.space is not None
@@ -376,6 +396,11 @@ class Planner:
         )
         if self._ends(pool, running, plan, pool_verdict(rules, progress)):
             return
+        if pool.phase == PoolPhase.UNSCHEDULABLE:
+            nodes, _ = self.fleet.of(pool.spec)
+            if nodes is not None and not nodes:
+                self._withdraw(pool, running, plan)
+            return
         parallel = budget.parallelism if pool.nodes_missing_since is None else PENDING_WITHOUT_NODES
         slots = parallel - len(running)
         if self._queue(pool) is not None:
@@ -390,7 +415,8 @@ class Planner:
         aim, sizes = self._batch_sizes(pool, mine, slots, left, default_first, observations, len(in_flight))
         configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
         # What preempted Jobs did not measure goes first: it was chosen already, and is still unmeasured.
-        requeued = list({k: c for c in pool.requeue if (k := pool.space.key(c)) not in keys}.values())
+        taken = keys | ({pool.default_key} if default_first else set())
+        requeued = list({k: c for c in pool.requeue if (k := pool.space.key(c)) not in taken}.values())
         take = max(0, sum(sizes) - len(configs))
         configs += requeued[:take]
         pool.requeue = requeued[take:]
