@@ -47,6 +47,14 @@ _DATA: dict[tuple[Any, ...], dict[str, np.ndarray]] = {}
 _REFERENCE: dict[tuple[Any, ...], Any] = {}
 # The reference stays on the device only while it is this small a share of the free memory.
 REFERENCE_SHARE = 0.25
+# cupy compiles its elementwise and reduction kernels (NVRTC) at first use: 6 to 8 s for a
+# built-in's reference and comparison on an H200 with an empty CUPY_CACHE_DIR, as every trial
+# Pod has. A process compiles them once, before its first configuration's first launch, on
+# a problem of at most WARM_SIZE per dimension: that time is the Pod's start-up, not the
+# first configuration's GPU time (`run_s`), which sizes the pool's next batches
+# (docs/bench-job.md). By verification: problem type, or a user kernel's output dtypes.
+WARM_SIZE = 64
+_WARMED: set[tuple[str, ...]] = set()
 
 
 def log(message: str) -> None:
@@ -146,6 +154,7 @@ def run_trial(trial: Trial, progress: Progress | None = None,
         prepared = prepare(trial)
         log(f"trial {trial.run}/{trial.target}#{trial.index}: {prepared.label} {prepared.config} "
             f"problem {list(prepared.problem_size)}")
+        warm_verification(cupy, prepared)
         if isinstance(prepared, PreparedUser):
             return _execute_user(cupy, trial, prepared, state, enter, started, clock)
         return _execute(cupy, trial, prepared, state, enter, started, clock)
@@ -233,6 +242,38 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
         return _timed(cupy, trial, launch, state, started, run_started, clock, flops)
     enter(Phase.TIME)
     return _timed(cupy, trial, launch, state, started, run_started, clock, flops, verify=verify)
+
+
+def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
+    """Make cupy compile the kernels that verifying ``prepared`` uses, once per process, on
+    small arrays (see WARM_SIZE). Best effort: a failure only leaves them to compile at
+    first use. Runs in the setup phase, so a hang here is the node's fault, never a verdict."""
+    if isinstance(prepared, PreparedUser):
+        key: tuple[str, ...] = ("user", *sorted({str(out.dtype) for out in prepared.outputs}))
+    else:
+        key = (type(prepared.problem).__module__, type(prepared.problem).__qualname__)
+    if key in _WARMED:
+        return
+    _WARMED.add(key)
+    started = time.monotonic()
+    try:
+        if isinstance(prepared, PreparedUser):
+            for out in prepared.outputs:
+                got = cupy.asarray(np.zeros(WARM_SIZE, dtype=out.dtype))
+                compare(cupy, got, got.copy(), prepared.atol, prepared.rtol, nan_is_unwritten=False)
+        else:
+            problem = prepared.problem
+            size = [min(int(n), WARM_SIZE) for n in prepared.problem_size]
+            rng = np.random.default_rng(DATA_SEED)
+            inputs = {t.name: cupy.array(problem.fill(t, rng)) for t in problem.inputs(size, prepared.config)}
+            expected = problem.reference(cupy, inputs, size)
+            # The output as a kernel leaves it (float32), through the host: no cast kernel to compile.
+            got = cupy.asarray(np.asarray(cupy.asnumpy(expected), dtype=np.float32))
+            compare(cupy, got, expected, problem.tolerance(size, prepared.config))
+    except Exception as exc:
+        log(f"verification kernels not compiled ahead ({type(exc).__name__}: {exc}): they compile at first use")
+        return
+    log(f"verification kernels compiled in {time.monotonic() - started:.2f} s (once per process)")
 
 
 def _problem_data(problem: Any, tensors: list[Any], key: tuple[Any, ...]) -> dict[str, np.ndarray]:

@@ -88,6 +88,10 @@ class FakeCupy:
     def __getattr__(self, name: str) -> Any:
         return getattr(np, name)
 
+    @staticmethod
+    def asnumpy(a: Any) -> np.ndarray:
+        return np.asarray(a)
+
 
 def scan_correct(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
     args[0][...] = np.cumsum(args[1], axis=1)
@@ -104,6 +108,7 @@ def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "_MODULES", {})
     monkeypatch.setattr(runner, "_DATA", {})
     monkeypatch.setattr(runner, "_REFERENCE", {})
+    monkeypatch.setattr(runner, "_WARMED", set())
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
 
 
@@ -231,6 +236,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int
 def test_one_problem_is_drawn_once_and_its_reference_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, FakeCupy(scan_correct))
     monkeypatch.setattr(runner, "_fits_beside", lambda cupy, array: True)
+    monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)  # its own draws
     problem = type(BUILTINS["scan"].problem)
     fills, references = _counting(monkeypatch, problem, "fill"), _counting(monkeypatch, problem, "reference")
     for _ in range(3):
@@ -247,6 +253,7 @@ def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monk
 
     use(monkeypatch, FakeCupy(scribbler))
     monkeypatch.setattr(runner, "_fits_beside", lambda cupy, array: True)
+    monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)
     assert runner.run_trial(trial()).outcome == Outcome.CORRECTNESS_ERROR
     use(monkeypatch, FakeCupy(scan_correct))
     assert runner.run_trial(trial()).outcome == Outcome.OK
@@ -268,6 +275,36 @@ def test_a_reference_too_large_for_the_free_memory_is_not_kept(monkeypatch: pyte
     assert runner.run_trial(trial()).outcome == Outcome.OK and not runner._REFERENCE
     fake.cuda.runtime.memGetInfo = lambda: (4 * 192 * 8, 1 << 30)
     assert runner.run_trial(trial()).outcome == Outcome.OK and len(runner._REFERENCE) == 1
+
+
+def test_verification_kernels_compile_before_the_first_launch_once_per_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, FakeCupy(scan_correct))
+    problem = type(BUILTINS["scan"].problem)
+    now = [0.0]
+    sizes: list[list[int]] = []
+    original = problem.reference
+
+    def reference(self: Any, xp: Any, inputs: Any, problem_size: Any) -> Any:
+        sizes.append(list(problem_size))
+        if len(sizes) == 1:
+            now[0] += 5.0  # cupy compiling its kernels: seconds, before any launch
+        return original(self, xp, inputs, problem_size)
+
+    monkeypatch.setattr(problem, "reference", reference)
+    result = runner.run_trial(trial(problem_size=[128, 3]), clock=lambda: now[0])
+    assert result.outcome == Outcome.OK and result.run_s is not None and result.run_s < 5.0
+    assert sizes == [[64, 3], [128, 3]], "a small instance first, then the trial's own"
+    assert runner.run_trial(trial(problem_size=[128, 3])).outcome == Outcome.OK
+    assert sizes == [[64, 3], [128, 3], [128, 3]], "once per process"
+
+
+def test_a_failed_warm_up_leaves_the_trial_alone(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    fake = use(monkeypatch, FakeCupy(scan_correct))
+    monkeypatch.setattr(type(fake), "asnumpy", staticmethod(lambda a: 1 / 0))
+    assert runner.run_trial(trial()).outcome == Outcome.OK
+    assert "verification kernels not compiled ahead (ZeroDivisionError" in capsys.readouterr().err
 
 
 def test_invalid_configuration_is_reported_with_the_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:

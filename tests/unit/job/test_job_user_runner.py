@@ -184,6 +184,7 @@ def emu(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactor
     fake = EmuCupy(tmp_path_factory.mktemp("emu"), builds)
     monkeypatch.setattr(runner, "load_cupy", lambda: fake)
     monkeypatch.setattr(runner, "_MODULES", {})
+    monkeypatch.setattr(runner, "_WARMED", set())
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
     return fake
 
@@ -221,6 +222,23 @@ def test_a_correct_configuration_is_verified_against_the_reference_and_timed(emu
     assert emu.launches == [candidate, reference, candidate, candidate, candidate]
     assert phases == [Phase.DEVICE, Phase.SETUP, Phase.COMPILE, Phase.ALLOCATE, Phase.LAUNCH, Phase.RUN,
                       Phase.REFERENCE, Phase.VERIFY, Phase.TIME]
+
+
+def test_the_comparison_is_compiled_before_the_first_launch_once_per_output_dtype(
+        emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[tuple[str, int]] = []
+    original = runner.compare
+
+    def counting(xp: Any, got: Any, expected: Any, *args: Any, **kw: Any) -> Any:
+        compared.append((str(got.dtype), got.size))
+        return original(xp, got, expected, *args, **kw)
+
+    monkeypatch.setattr(runner, "compare", counting)
+    assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 64})).outcome == Outcome.OK
+    # Both outputs are float32: one small comparison each before the launch, then the real ones.
+    assert compared == [("float32", runner.WARM_SIZE)] * 2 + [("float32", N)] * 2
+    assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 32})).outcome == Outcome.OK
+    assert len(compared) == 6 and {("user", "float32")} == runner._WARMED
 
 
 def test_a_fast_wrong_configuration_is_a_correctness_error(emu: EmuCupy, tmp_path: Path) -> None:
