@@ -38,7 +38,8 @@ _MODULES: dict[str, tuple[Any, Any]] = {}
 _CUBINS: dict[str, tuple[str, float]] = {}
 # A batch's configurations all solve one problem. Drawing its data costs the CPU about
 # 0.15 s at 4096 x 4096 and computing its float64 reference about 40 ms of GPU, both while
-# the Pod holds the GPU, so the last problem's are kept (one entry each). The data is kept
+# the Pod holds the GPU, so the last problem's are kept (one entry each; a user kernel's
+# initial data and its reference configuration's outputs alike). The data is kept
 # on the host only: every configuration gets fresh device copies, so a faulty kernel cannot
 # change what the next one reads. The reference is kept on the device; a configuration it
 # rejects is checked again against a fresh one (a faulty kernel may have written over it),
@@ -47,6 +48,9 @@ _DATA: dict[tuple[Any, ...], dict[str, np.ndarray]] = {}
 _REFERENCE: dict[tuple[Any, ...], Any] = {}
 # The reference stays on the device only while it is this small a share of the free memory.
 REFERENCE_SHARE = 0.25
+# The data stays on the host only up to this size: a trial Pod's memory limit is 4 GiB, and
+# a larger problem is drawn again for each configuration, as it always was.
+DATA_MAX_BYTES = 256 << 20
 # cupy compiles its elementwise and reduction kernels (NVRTC) at first use: 6 to 8 s for a
 # built-in's reference and comparison on an H200 with an empty CUPY_CACHE_DIR, as every trial
 # Pod has. A process compiles them once, before its first configuration's first launch, on
@@ -201,7 +205,7 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
     tensors = problem.inputs(prepared.problem_size, prepared.config)
     data_key = (type(problem).__module__, type(problem).__qualname__, tuple(prepared.problem_size), tuple(tensors))
     # cupy.array copies (numpy's too): the kept host data is never the kernel's.
-    inputs = {name: cupy.array(array) for name, array in _problem_data(problem, tensors, data_key).items()}
+    inputs = {name: cupy.array(array) for name, array in _kept_data(data_key, lambda: _draw(problem, tensors)).items()}
     out_t = problem.output(prepared.problem_size)
     # NaN marks elements the kernel never writes, so verification cannot pass by luck.
     output = cupy.full(out_t.shape, np.nan, dtype=cupy.float32)
@@ -229,7 +233,7 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
             _REFERENCE.clear()
             expected = problem.reference(cupy, inputs, prepared.problem_size)
             mismatch = compare(cupy, output, expected, tolerance)
-            if _fits_beside(cupy, expected):
+            if _fits_beside(cupy, expected.nbytes):
                 _REFERENCE[data_key] = expected
         del expected
         if mismatch:
@@ -276,23 +280,30 @@ def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
     log(f"verification kernels compiled in {time.monotonic() - started:.2f} s (once per process)")
 
 
-def _problem_data(problem: Any, tensors: list[Any], key: tuple[Any, ...]) -> dict[str, np.ndarray]:
-    """The problem's input data (host arrays), drawn from DATA_SEED once per problem."""
+def _draw(problem: Any, tensors: list[Any]) -> dict[str, np.ndarray]:
+    """The problem's input data (host arrays), drawn from DATA_SEED: the same for every configuration."""
+    rng = np.random.default_rng(DATA_SEED)
+    return {t.name: problem.fill(t, rng) for t in tensors}
+
+
+def _kept_data(key: tuple[Any, ...], draw: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The host data under ``key``, kept (one entry) while at most DATA_MAX_BYTES."""
     data = _DATA.get(key)
     if data is None:
         _DATA.clear()
-        rng = np.random.default_rng(DATA_SEED)
-        data = _DATA[key] = {t.name: problem.fill(t, rng) for t in tensors}
+        data = draw()
+        if sum(a.nbytes for a in data.values()) <= DATA_MAX_BYTES:
+            _DATA[key] = data
     return data
 
 
-def _fits_beside(cupy: Any, array: Any) -> bool:
-    """Whether ``array`` is a small enough share of the device's free memory to keep."""
+def _fits_beside(cupy: Any, nbytes: int) -> bool:
+    """Whether ``nbytes`` of device arrays are a small enough share of the free memory to keep."""
     try:
         free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
     except Exception:  # a runtime that cannot say: keep nothing
         return False
-    return bool(array.nbytes <= REFERENCE_SHARE * free)
+    return bool(nbytes <= REFERENCE_SHARE * free)
 
 
 def _first_launch(cupy: Any, launch: Callable[[], None], enter: Callable[[Phase], None],
@@ -313,7 +324,13 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
     _, kernel = _compile(cupy, build, state, clock)
 
     enter(Phase.ALLOCATE)
-    host = initial_arrays(user.arguments)
+    specs = tuple(a for a in user.arguments if isinstance(a, ArraySpec))
+    # Data read from a file is the user's: not kept (a spec's key leaves the data out).
+    keep = not any(a.init == "data" for a in specs)
+    data_key = ("user", specs)
+    # A dict of this configuration's own: the check clears it, never the kept data.
+    host = dict(_kept_data(data_key, lambda: initial_arrays(user.arguments)) if keep
+                else initial_arrays(user.arguments))
     device = {name: cupy.asarray(data) for name, data in host.items()}
     args = launch_arguments(user.arguments, device, build.scalars)
 
@@ -330,15 +347,34 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
     # launch's output, kept aside when the check may wait for the first timed launches.
     first = _first_outputs(cupy, device, user) if can_prune(trial.repeats, trial.prune_above_ms) else device
 
-    def verify() -> None:
-        enter(Phase.REFERENCE)
-        expected = run_reference(cupy, reference, user.arguments, host)
-        enter(Phase.VERIFY)
+    reference_key = (data_key, reference.key, tuple(reference.grid), tuple(reference.block),
+                     tuple(sorted((name, repr(value)) for name, value in reference.scalars.items())))
+
+    def mismatch_in(expected: dict[str, Any]) -> str | None:
         for out in user.outputs:
             mismatch = compare(cupy, first[out.name], expected[out.name], user.atol, user.rtol,
                                nan_is_unwritten=False)
             if mismatch:
-                raise WrongResult(f"wrong result in {out.name}: {mismatch}")
+                return f"wrong result in {out.name}: {mismatch}"
+        return None
+
+    def verify() -> None:
+        # The reference's outputs are kept as a built-in's reference is (see _REFERENCE).
+        kept = _REFERENCE.get(reference_key) if keep else None
+        if kept is not None:
+            enter(Phase.VERIFY)
+        mismatch = mismatch_in(kept) if kept is not None else "no reference kept"
+        if mismatch:
+            _REFERENCE.clear()
+            enter(Phase.REFERENCE)
+            expected = run_reference(cupy, reference, user.arguments, host)
+            enter(Phase.VERIFY)
+            mismatch = mismatch_in(expected)
+            if keep and _fits_beside(cupy, sum(a.nbytes for a in expected.values())):
+                _REFERENCE[reference_key] = expected
+            del expected
+        if mismatch:
+            raise WrongResult(mismatch)
         # Only the check needs the initial data and the copies: not the launches still to time.
         host.clear()
         if first is not device:

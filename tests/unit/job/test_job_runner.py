@@ -235,7 +235,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int
 
 def test_one_problem_is_drawn_once_and_its_reference_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, FakeCupy(scan_correct))
-    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, array: True)
+    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, nbytes: True)
     monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)  # its own draws
     problem = type(BUILTINS["scan"].problem)
     fills, references = _counting(monkeypatch, problem, "fill"), _counting(monkeypatch, problem, "reference")
@@ -252,7 +252,7 @@ def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monk
         args[1][...] = 0  # its own input: the next configuration still gets the problem's data
 
     use(monkeypatch, FakeCupy(scribbler))
-    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, array: True)
+    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, nbytes: True)
     monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)
     assert runner.run_trial(trial()).outcome == Outcome.CORRECTNESS_ERROR
     use(monkeypatch, FakeCupy(scan_correct))
@@ -266,6 +266,16 @@ def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monk
     use(monkeypatch, FakeCupy(lambda grid, block, args: None))
     result = runner.run_trial(trial())
     assert result.outcome == Outcome.CORRECTNESS_ERROR and "192 never written" in result.error
+
+
+def test_data_larger_than_the_cap_is_drawn_again_for_each_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, FakeCupy(scan_correct))
+    monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)
+    monkeypatch.setattr(runner, "DATA_MAX_BYTES", 64 * 3 * 4 - 1)  # scan's [64, 3] float32 input, less a byte
+    fills = _counting(monkeypatch, type(BUILTINS["scan"].problem), "fill")
+    for _ in range(2):
+        assert runner.run_trial(trial()).outcome == Outcome.OK
+    assert fills[0] == 2 and not runner._DATA
 
 
 def test_a_reference_too_large_for_the_free_memory_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -241,6 +241,25 @@ def test_the_comparison_is_compiled_before_the_first_launch_once_per_output_dtyp
     assert len(compared) == 6 and {("user", "float32")} == runner._WARMED
 
 
+def test_the_reference_configurations_outputs_are_kept_and_checked_again_on_a_mismatch(
+        emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, nbytes: True)
+    monkeypatch.setattr(runner, "_DATA", {})
+    monkeypatch.setattr(runner, "_REFERENCE", {})
+    reference = ("vadd", ("-DBLOCK=128", f"-Dproblem_size_0={N}"))
+    assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 64})).outcome == Outcome.OK
+    assert emu.launches.count(reference) == 1
+    assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 32})).outcome == Outcome.OK
+    assert emu.launches.count(reference) == 1, "the second configuration is checked against the kept outputs"
+    # Kept outputs written over (a faulty kernel): checked again against a fresh reference run.
+    for array in next(iter(runner._REFERENCE.values())).values():
+        array[...] = -1
+    assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 64})).outcome == Outcome.OK
+    assert emu.launches.count(reference) == 2
+    result = runner.run_trial(user_trial(tmp_path, {"BLOCK": 256}))  # wrong, whatever is kept
+    assert result.outcome == Outcome.CORRECTNESS_ERROR and emu.launches.count(reference) == 3
+
+
 def test_a_fast_wrong_configuration_is_a_correctness_error(emu: EmuCupy, tmp_path: Path) -> None:
     result = runner.run_trial(user_trial(tmp_path, {"BLOCK": 256}))
     assert result.outcome == Outcome.CORRECTNESS_ERROR and result.exit_code == 13
