@@ -165,6 +165,7 @@ def test_a_pool_scaled_to_zero_keeps_one_trial_pending_for_an_autoscaler_then_sa
     assert ("Normal", "Withdrawn") in {e[:2] for e in f.planner.events} and not f.records_of()
     f.advance(60)
     assert not f.step().create and not f.running(), "an unschedulable pool starts nothing"
+    assert f.target()["message"].endswith("; 1 configuration(s) back in the queue, none counted as failed")
     f.set_nodes({"gpu-0": dict(A100)})  # the autoscaler came late: the pool tunes at full parallelism
     f.advance(31)
     plan = f.step()

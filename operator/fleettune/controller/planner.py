@@ -50,6 +50,10 @@ NODE_RECHECK_S = 30.0
 AUTO_MAX_BATCH = 16  # trials per Pod when the size is chosen: beyond it the optimiser suggests blind
 
 
+def _back_in_queue(n: int) -> str:
+    return f"{n} configuration(s) back in the queue, none counted as failed"
+
+
 class Planner:
     """One run's tuning decisions and the state they need between steps."""
 
@@ -233,7 +237,8 @@ class Planner:
             if not nodes and waits_for_nodes(pool, selector, obs.wall, self.node_wait_s):
                 return True
             why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
-            pool.move(PoolPhase.UNSCHEDULABLE, f"{why} {selector}")
+            queued = f"; {_back_in_queue(len(pool.requeue))}" if pool.requeue else ""
+            pool.move(PoolPhase.UNSCHEDULABLE, f"{why} {selector}{queued}")
             pool.next_check = obs.mono + NODE_RECHECK_S
             return False
         if pool.nodes_missing_since is not None:
@@ -363,16 +368,12 @@ class Planner:
         for a node that is not coming (and keep asking an autoscaler for one), so their
         Jobs are deleted and their configurations go back to the pool, measured first when
         a node comes; none is recorded (a Pod that ended is collected before this)."""
-        back = 0
         for job in running:
-            configs = [config for _, config in entries_of(job)]
             plan.delete_now.append(job["metadata"]["name"])
-            pool.requeue += configs
-            back += len(configs)
+            pool.requeue += [config for _, config in entries_of(job)]
         if running:
             names = ", ".join(j["metadata"]["name"] for j in running)
-            note = (f"{len(running)} waiting trial Job(s) withdrawn, {back} configuration(s) back in the queue, "
-                    "none counted as failed")
+            note = f"{len(running)} waiting trial Job(s) withdrawn, {_back_in_queue(len(pool.requeue))}"
             pool.message = f"{pool.message}; {note}" if pool.message else note
             self.events.append(("Normal", "Withdrawn", f"{pool.key}: no node matches: {bounded(names, 200)}: {note}"))
             self.log.info("%s: %s", pool.key, note)
