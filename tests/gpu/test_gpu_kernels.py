@@ -174,8 +174,8 @@ def test_a_hung_kernel_times_out(tmp_path: Path) -> None:
 def test_the_first_configuration_is_not_charged_for_cupys_own_compiles(tmp_path: Path) -> None:
     """With an empty cupy kernel cache, as in every trial Pod, cupy compiles the kernels of
     the reference and the comparison before the first launch: 6 to 8 s on an H200, which
-    used to land in the first configuration's GPU time (`run_s`) and shrink the pool's
-    batches to two configurations (docs/bench-job.md)."""
+    used to land in the first configuration's GPU time (`run_s`) and keep a pool's first
+    batches small (docs/bench-job.md)."""
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(JOB_IMAGE), os.environ.get("PYTHONPATH", "")) if p),
            "CUPY_CACHE_DIR": str(tmp_path / "empty-cupy-cache")}
     result = supervise(trial("convolution", {}, [1024, 1024]), extra_env=env)
