@@ -51,7 +51,9 @@ from fleettune_job.protocol import (
     infra_failure,
 )
 from fleettune_job.watchdog import (
+    POLL_S,
     REAP_TIMEOUT_S,
+    Deadline,
     StopSignals,
     Terminated,
     death_result,
@@ -176,14 +178,19 @@ class Worker:
     def run(self, trial: Trial, cubins: Mapping[str, tuple[str, float]]) -> TrialResult:
         """The worker's result for ``trial``, or the watchdog's verdict when there is none."""
         self.progress_file.unlink(missing_ok=True)  # the phases in it must be this configuration's
-        deadline = time.monotonic() + trial.timeout_s
+        deadline = Deadline(time.monotonic(), trial.timeout_s)
         if not self._send({"index": trial.index, "cubins": dict(cubins)}):
             return self._died()
-        try:
-            message = self._receive(deadline)
-        except TimeoutError:
-            self.stop()
-            return timeout_result(trial.timeout_s, *read_progress(self.progress_file))
+        while True:
+            now = time.monotonic()
+            at = deadline.update(read_progress(self.progress_file)[0], now)
+            try:
+                message = self._receive(min(at, now + POLL_S))
+                break
+            except TimeoutError:
+                if time.monotonic() >= at:
+                    self.stop()
+                    return timeout_result(trial.timeout_s, *read_progress(self.progress_file))
         if message is None:
             return self._died()
         try:

@@ -40,6 +40,8 @@ from fleettune_job.protocol import (
     infra_failure,
 )
 from fleettune_job.watchdog import (
+    POLL_S,
+    Deadline,
     StopSignals,
     Terminated,
     death_result,
@@ -152,8 +154,9 @@ def write_result(result: TrialResult, path: Path) -> None:
 
 def supervise(trial: Trial, python: str = sys.executable, worker_module: str | None = None,
               extra_env: Mapping[str, str] | None = None) -> TrialResult:
-    """Run the trial in a worker process; kill it at ``trial.timeout_s``."""
-    deadline = time.monotonic() + trial.timeout_s
+    """Run the trial in a worker process; kill it at ``trial.timeout_s`` after its start-up
+    (see :class:`~fleettune_job.watchdog.Deadline`)."""
+    deadline = Deadline(time.monotonic(), trial.timeout_s)
     worker_module = worker_module or WORKER_MODULE
     with tempfile.TemporaryDirectory(prefix="fleettune-") as tmp:
         result_file = Path(tmp, "result.json")
@@ -165,7 +168,16 @@ def supervise(trial: Trial, python: str = sys.executable, worker_module: str | N
         try:
             with StopSignals():
                 proc = subprocess.Popen(cmd, env=env)
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                while True:
+                    now = time.monotonic()
+                    left = deadline.update(read_progress(progress_file)[0], now) - now
+                    if left <= 0:
+                        raise subprocess.TimeoutExpired(cmd, trial.timeout_s)
+                    try:
+                        proc.wait(timeout=min(left, POLL_S))
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
         except subprocess.TimeoutExpired:
             kill(proc)
             return timeout_result(trial.timeout_s, *read_progress(progress_file))

@@ -31,6 +31,29 @@ REAP_TIMEOUT_S = 10.0
 INFRA_PHASES = frozenset({Phase.DEVICE, Phase.SETUP, Phase.ALLOCATE, Phase.REFERENCE})
 
 
+# A configuration's timeout covers compiling, launching, running, verifying and timing it
+# (the TuningRun's `trialTimeoutSeconds`), not the worker's start: while a worker is still
+# finding the GPU or setting up (which includes cupy compiling its verification kernels,
+# seconds on a cold Pod), its deadline moves on, for at most SETUP_LIMIT_S.
+START_PHASES = frozenset({Phase.DEVICE, Phase.SETUP})
+SETUP_LIMIT_S = 60.0
+POLL_S = 0.2  # how often a supervisor reads the progress file while it waits
+
+
+class Deadline:
+    """When a worker that started at ``started`` is out of time for its configuration."""
+
+    def __init__(self, started: float, timeout_s: float) -> None:
+        self.started, self.timeout_s = started, timeout_s
+        self.at = started + timeout_s
+
+    def update(self, phase: Phase | None, now: float) -> float:
+        """The deadline, moved on while the worker is still starting (``phase``)."""
+        if phase in START_PHASES and now - self.started < SETUP_LIMIT_S:
+            self.at = max(self.at, now + self.timeout_s)
+        return self.at
+
+
 class Terminated(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

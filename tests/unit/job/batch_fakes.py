@@ -6,7 +6,7 @@ what ``FAKE_PLAN`` says for each configuration, without cupy or a GPU.
   a marker file: only the first worker of a test starts, later ones find no GPU.
 * ``FAKE_PLAN``: JSON ``{index: mode}``; modes ``ok`` (default), ``hang``, ``crash``, ``kill``,
   ``sticky`` (an illegal address), ``toomany`` (a refused launch), ``longerror``, ``exit_after``
-  (answers, then ends).
+  (answers, then ends), ``slow_setup`` (``FAKE_SETUP_S`` in the setup phase, then answers).
 * ``FAKE_PHASE``: the phase a hang is reported in (default ``run``).
 * ``FAKE_LOG``: where each command is recorded, one JSON line: the worker's pid, the
   index, the cubins it was given, and the answers already in the termination log.
@@ -93,6 +93,9 @@ def main() -> int:
                                  "log_bytes": len(Path(os.environ["FLEETTUNE_TERMINATION_LOG"]).read_bytes())
                                  if Path(os.environ["FLEETTUNE_TERMINATION_LOG"]).exists() else 0}) + "\n")
         mode = plan.get(index, "ok")
+        if mode == "slow_setup":  # a cold Pod's first configuration: cupy compiling its own kernels
+            progress("setup")
+            time.sleep(float(os.environ.get("FAKE_SETUP_S", "2")))
         progress(os.environ.get("FAKE_PHASE", "run") if mode == "hang" else "time")
         if mode == "hang":
             time.sleep(600)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from fleettune_job import batch, entrypoint, nvrtc
+from fleettune_job import batch, entrypoint, nvrtc, watchdog
 from fleettune_job.ahead import AheadOptions, Artefact, Build, Compiler
 from fleettune_job.batch import ANSWER_PREFIX, BatchLog, rewrite, run_batch
 from fleettune_job.protocol import (
@@ -118,6 +118,24 @@ def test_a_hang_is_answered_for_that_configuration_only(tmp_path: Path, phase: s
     assert answers[10].o == Outcome.OK and answers[12].o == Outcome.OK
     pids = [s["pid"] for s in fake.seen()]
     assert pids[1] != pids[2]  # the hung worker was killed, a fresh one measured the rest
+
+
+def test_a_configurations_timeout_starts_after_the_workers_setup(tmp_path: Path) -> None:
+    fake = Fake(tmp_path, FAKE_PLAN=json.dumps({"10": "slow_setup"}), FAKE_SETUP_S="2")
+    result = fake.run(scan_batch(2, timeout_s=1.0))
+    assert result.done and [a.o for a in result.answers] == [Outcome.OK, Outcome.OK], result.answers
+    assert len({s["pid"] for s in fake.seen()}) == 1
+
+
+def test_a_setup_that_never_ends_is_the_nodes_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "SETUP_LIMIT_S", 1.0)
+    fake = Fake(tmp_path, FAKE_PLAN=json.dumps({"10": "hang"}), FAKE_PHASE="setup")
+    started = time.monotonic()
+    result = fake.run(scan_batch(2, timeout_s=1.0))
+    assert time.monotonic() - started < 10
+    answers = by_index(result)
+    assert answers[10].o == Outcome.INFRA_ERROR and "1 s timeout while in phase setup" in answers[10].e
+    assert answers[11].o == Outcome.OK
 
 
 def test_a_sticky_fault_gets_a_fresh_worker_and_a_refused_launch_does_not(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleettune_job import entrypoint
+from fleettune_job import entrypoint, watchdog
 from fleettune_job.entrypoint import TrialInputError, load_trial, parse_args, supervise, termination_log_path
 from fleettune_job.protocol import TRIAL_ENV, KernelRef, Outcome, Trial, TrialResult, decode
 
@@ -31,6 +31,11 @@ trial = json.loads(os.environ["FLEETTUNE_TRIAL"])
 with open(a.progress_file, "w") as f:
     json.dump({"phase": os.environ.get("FAKE_PHASE", "run"),
                "fingerprint": {"product": "Fake GPU", "compute_capability": "8.0"}}, f)
+if mode == "slow_setup":  # cupy compiling its verification kernels on a cold Pod
+    with open(a.progress_file, "w") as f:
+        json.dump({"phase": "setup", "fingerprint": {"product": "Fake GPU"}}, f)
+    time.sleep(2.0)
+    mode = "ok"
 if mode == "hang":
     time.sleep(600)
 elif mode == "crash":
@@ -144,9 +149,17 @@ def test_a_hung_worker_is_killed_and_reported_as_timeout(fake_worker: Path) -> N
     assert result.fingerprint.product == "Fake GPU"
 
 
-@pytest.mark.parametrize("phase", ["device", "reference"])
+def test_the_timeout_starts_after_the_workers_setup(fake_worker: Path) -> None:
+    trial = TRIAL.model_copy(update={"timeout_s": 1.0})
+    result = supervise(trial, worker_module="fake_worker",
+                       extra_env=env_with_path(fake_worker, JOB_IMAGE) | {"FAKE_MODE": "slow_setup"})
+    assert result.outcome == Outcome.OK, result.error
+
+
+@pytest.mark.parametrize("phase", ["device", "setup", "reference"])
 def test_hanging_before_the_kernel_exists_or_in_the_reference_is_not_the_configurations_fault(
-        fake_worker: Path, phase: str) -> None:
+        fake_worker: Path, phase: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "SETUP_LIMIT_S", 1.0)  # a start-up that never ends, cut short
     trial = TRIAL.model_copy(update={"timeout_s": 1.0})
     result = supervise(trial, worker_module="fake_worker",
                        extra_env=env_with_path(fake_worker, JOB_IMAGE) | {"FAKE_MODE": "hang", "FAKE_PHASE": phase})
