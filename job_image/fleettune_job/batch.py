@@ -35,6 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fleettune_job import watchdog
 from fleettune_job.ahead import AheadOptions, CompileAhead, Verdict, stop_executor
 from fleettune_job.classify import poisons_context, short
 from fleettune_job.protocol import (
@@ -334,7 +335,8 @@ class _Supervisor:
         self.workers_started += 1
         worker = Worker(self.cmd, self.env, self.tmp / f"progress-{self.workers_started}.json")
         try:
-            hello = worker.hello(self.batch.timeout_s)
+            # Starting is set-up, not a configuration's time (watchdog.Deadline).
+            hello = worker.hello(max(self.batch.timeout_s, watchdog.SETUP_LIMIT_S))
         except WorkerFailed:
             worker.stop()
             raise

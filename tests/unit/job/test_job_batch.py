@@ -158,7 +158,9 @@ def test_without_a_gpu_nothing_is_answered(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("hello", "fragment"), [("die", "exited with code 4 before reporting its GPU"),
                                                  ("hang", "did not report its GPU within 1 s (hung in phase device)")])
-def test_a_worker_that_never_starts_answers_nothing(tmp_path: Path, hello: str, fragment: str) -> None:
+def test_a_worker_that_never_starts_answers_nothing(tmp_path: Path, hello: str, fragment: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watchdog, "SETUP_LIMIT_S", 1.0)  # the start's own allowance, cut short
     result = Fake(tmp_path, FAKE_HELLO=hello).run(scan_batch(2, timeout_s=1.0))
     assert not result.answers and result.exit_code == 20 and fragment in result.error
 
