@@ -6,6 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fleettune.fingerprint import (
     FT_DRIVER,
@@ -19,6 +20,7 @@ from fleettune.fingerprint import (
 )
 from fleettune_dev.cluster.fleet import NodePool, label_value
 from fleettune_dev.sim.recordings import KernelModel, Measurement, scale_ms
+from fleettune_job.kernels import BUILTINS
 from fleettune_job.protocol import PRUNE_RUNS, Fingerprint, Outcome, Trial, TrialResult
 from fleettune_job.timing import pruned_after
 
@@ -108,9 +110,21 @@ def infra(error: str, pool: NodePool | None = None, labels: dict[str, str] | Non
                               fingerprint=fp), compile_s=0.2)
 
 
+def job_config(trial: Trial) -> dict[str, Any]:
+    """The configuration as the job image runs it: a built-in kernel's defaults for the
+    parameters the run does not tune (`KernelDescriptor.resolve`, as `fleettune_job.prepare`)."""
+    kernel = BUILTINS.get(trial.kernel.builtin or "")
+    if kernel is None or trial.kernel.source_path:
+        return dict(trial.config)
+    try:
+        return dict(kernel.resolve(trial.config))
+    except ValueError:  # an unknown parameter: the job refuses it, and no recording has it either
+        return dict(trial.config)
+
+
 def answer_trial(trial: Trial, pool: NodePool, labels: dict[str, str], model: KernelModel,
                  *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
-    m = _scale_to_problem(model.measure(trial.config), trial, model.recording.problem_size)
+    m = _scale_to_problem(model.measure(job_config(trial)), trial, model.recording.problem_size)
     return answer_measurement(trial, pool, labels, m, compile_s=compile_s)
 
 

@@ -53,6 +53,16 @@ def _sim(**kw) -> FleetSimulator:
     return FleetSimulator("/nonexistent/kubeconfig", FLEET, time_scale=0, **kw)
 
 
+def test_a_run_that_tunes_some_parameters_is_answered_with_the_kernels_defaults_for_the_rest():
+    # The job image runs a built-in with its defaults for what the run does not tune
+    # (use_padding 1, use_shmem 1, tile_size_y 1, ...): so does the simulator's lookup.
+    model = RecordedKernel(load_recording(FLEET.recording_path("convolution_milo-A100")))
+    trial = Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"}, problem_size=[4096, 4096],
+                  config={"block_size_x": 16, "block_size_y": 1, "tile_size_x": 2})
+    answer = answer_trial(trial, A100, LABELS, model)
+    assert answer.result.outcome == Outcome.OK and answer.result.objective == pytest.approx(2.547616, rel=1e-4)
+
+
 # ---------------------------------------------------------------------------- the timeline
 
 
