@@ -48,6 +48,7 @@ def test_the_bound_uses_kernel_tuners_gpu_work_and_the_start_up_spread() -> None
     kt = _measured(n, [True, True, False, False], [1.1, 2.2, 0.0, 0.0], gpu_s=0.2, compile_s=0.15)
     s = summarise(batch, batch_wall=1.0, startup_s=0.8, kt=kt, kt_wall=3.0, recorded={0: 5.0, 1: 6.0, 2: 4.0})
     assert s["batch_gpu_s_per_eval"] == pytest.approx(0.25) and s["kt_gpu_s_per_eval"] == pytest.approx(0.2)
+    assert s["batch_first_run_s"] == s["batch_rest_run_s_median"] == pytest.approx(0.05)
     assert s["bound_s_per_eval"] == pytest.approx(BOUND_FACTOR * 0.2 + 0.8 / n) and s["bound_met"]
     assert s["wall_ratio_batch_to_kt"] == pytest.approx(1 / 3)
     assert s["median_time_ratio_batch_to_kt"] == pytest.approx(1 / 1.1)
@@ -95,6 +96,7 @@ def test_a_run_prints_and_writes_every_figure(tmp_path: Path, capsys: pytest.Cap
     assert seen["builtin"] == "convolution" and seen["problem_size"] == [256, 128] and len(seen["configs"]) == 6
     assert "batch: 0.50 s wall" in text and "Kernel Tuner: 2.00 s wall" in text and ": met" in text
     assert "single (one worker per configuration): median 1.50 s" in text
+    assert "first configuration's run_s 0.010 s, the others' median 0.010 s" in text
     doc = json.loads(out.read_text())
     assert doc["device"] == "Test GPU" and len(doc["batch"]) == len(doc["kernel_tuner"]) == 6
     assert doc["summary"]["spearman_batch_vs_kt"] == pytest.approx(1.0)

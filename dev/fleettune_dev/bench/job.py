@@ -226,6 +226,10 @@ def summarise(batch: Sequence[Measured], batch_wall: float, startup_s: float,
         "batch_gpu_s_per_eval": batch_wall / n,
         "batch_timed_gpu_s_per_eval": sum(m.gpu_s for m in batch) / n,
         "batch_compile_s_median": float(np.median([m.compile_s for m in batch])) if batch else float("nan"),
+        # What cupy's own compiles cost the first configuration when the worker did not
+        # compile them first (runner.warm_verification): its run_s against the others'.
+        "batch_first_run_s": batch[0].gpu_s if batch else float("nan"),
+        "batch_rest_run_s_median": float(np.median([m.gpu_s for m in batch[1:]])) if n > 1 else float("nan"),
         "startup_s": startup_s,
     }
     if recorded:
@@ -260,7 +264,9 @@ def format_summary(s: Mapping[str, Any], single_walls: Sequence[float], device: 
              f"start-up (interpreter + cupy + CUDA context): {s['startup_s']:.2f} s",
              f"batch: {s['batch_wall_s']:.2f} s wall, {s['batch_gpu_s_per_eval']:.3f} GPU-s per evaluation "
              f"({s['batch_timed_gpu_s_per_eval']:.3f} s of it first launch to end of timing), "
-             f"compile median {s['batch_compile_s_median']:.2f} s (ahead, on the CPU)"]
+             f"compile median {s['batch_compile_s_median']:.2f} s (ahead, on the CPU)",
+             f"first configuration's run_s {s['batch_first_run_s']:.3f} s, the others' median "
+             f"{s['batch_rest_run_s_median']:.3f} s"]
     if single_walls:
         lines.append(f"single (one worker per configuration): median {np.median(single_walls):.2f} s per "
                      f"evaluation over {len(single_walls)}")
