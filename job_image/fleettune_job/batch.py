@@ -179,12 +179,12 @@ class Worker:
     def run(self, trial: Trial, cubins: Mapping[str, tuple[str, float]]) -> TrialResult:
         """The worker's result for ``trial``, or the watchdog's verdict when there is none."""
         self.progress_file.unlink(missing_ok=True)  # the phases in it must be this configuration's
-        deadline = Deadline(time.monotonic(), trial.timeout_s)
+        deadline = Deadline(time.monotonic(), trial.timeout_s, self.progress_file)
         if not self._send({"index": trial.index, "cubins": dict(cubins)}):
             return self._died()
         while True:
             now = time.monotonic()
-            at = deadline.update(read_progress(self.progress_file)[0], now)
+            at = deadline.update(now)
             try:
                 message = self._receive(min(at, now + POLL_S))
                 break

@@ -156,11 +156,12 @@ def supervise(trial: Trial, python: str = sys.executable, worker_module: str | N
               extra_env: Mapping[str, str] | None = None) -> TrialResult:
     """Run the trial in a worker process; kill it at ``trial.timeout_s`` after its start-up
     (see :class:`~fleettune_job.watchdog.Deadline`)."""
-    deadline = Deadline(time.monotonic(), trial.timeout_s)
+    started = time.monotonic()
     worker_module = worker_module or WORKER_MODULE
     with tempfile.TemporaryDirectory(prefix="fleettune-") as tmp:
         result_file = Path(tmp, "result.json")
         progress_file = Path(tmp, "progress.json")
+        deadline = Deadline(started, trial.timeout_s, progress_file)
         env = dict(os.environ) | dict(extra_env or {}) | {TRIAL_ENV: trial.to_env()}
         cmd = [python, "-m", worker_module, "--result-file", str(result_file),
                "--progress-file", str(progress_file)]
@@ -170,7 +171,7 @@ def supervise(trial: Trial, python: str = sys.executable, worker_module: str | N
                 proc = subprocess.Popen(cmd, env=env)
                 while True:
                     now = time.monotonic()
-                    left = deadline.update(read_progress(progress_file)[0], now) - now
+                    left = deadline.update(now) - now
                     if left <= 0:
                         raise subprocess.TimeoutExpired(cmd, trial.timeout_s)
                     try:

@@ -227,15 +227,9 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
         # leaves the same output, so it can be checked after the first timed ones.
         enter(Phase.VERIFY)
         tolerance = problem.tolerance(prepared.problem_size, prepared.config)
-        expected = _REFERENCE.get(data_key)
-        mismatch = compare(cupy, output, expected, tolerance) if expected is not None else "no reference kept"
-        if mismatch:
-            _REFERENCE.clear()
-            expected = problem.reference(cupy, inputs, prepared.problem_size)
-            mismatch = compare(cupy, output, expected, tolerance)
-            if _fits_beside(cupy, expected.nbytes):
-                _REFERENCE[data_key] = expected
-        del expected
+        mismatch = _check_against_kept(
+            cupy, data_key, True, lambda expected: compare(cupy, output, expected, tolerance),
+            lambda: problem.reference(cupy, inputs, prepared.problem_size), lambda expected: expected.nbytes)
         if mismatch:
             raise WrongResult(f"wrong result: {mismatch}")
         enter(Phase.TIME)
@@ -268,8 +262,8 @@ def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
         else:
             problem = prepared.problem
             size = [min(int(n), WARM_SIZE) for n in prepared.problem_size]
-            rng = np.random.default_rng(DATA_SEED)
-            inputs = {t.name: cupy.array(problem.fill(t, rng)) for t in problem.inputs(size, prepared.config)}
+            data = _draw(problem, problem.inputs(size, prepared.config))
+            inputs = {name: cupy.array(array) for name, array in data.items()}
             expected = problem.reference(cupy, inputs, size)
             # The output as a kernel leaves it (float32), through the host: no cast kernel to compile.
             got = cupy.asarray(np.asarray(cupy.asnumpy(expected), dtype=np.float32))
@@ -278,6 +272,22 @@ def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
         log(f"verification kernels not compiled ahead ({type(exc).__name__}: {exc}): they compile at first use")
         return
     log(f"verification kernels compiled in {time.monotonic() - started:.2f} s (once per process)")
+
+
+def _check_against_kept(cupy: Any, key: tuple[Any, ...], keep: bool, mismatch_in: Callable[[Any], str | None],
+                        fresh: Callable[[], Any], nbytes: Callable[[Any], int]) -> str | None:
+    """``mismatch_in``'s verdict against the reference kept under ``key`` (see _REFERENCE);
+    on a mismatch, or with none kept, against a ``fresh`` one, then kept when ``keep`` and
+    it fits beside the candidate (``nbytes``)."""
+    kept = _REFERENCE.get(key) if keep else None
+    if kept is not None and mismatch_in(kept) is None:
+        return None
+    _REFERENCE.clear()
+    expected = fresh()
+    mismatch = mismatch_in(expected)
+    if keep and _fits_beside(cupy, nbytes(expected)):
+        _REFERENCE[key] = expected
+    return mismatch
 
 
 def _draw(problem: Any, tensors: list[Any]) -> dict[str, np.ndarray]:
@@ -358,21 +368,17 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
                 return f"wrong result in {out.name}: {mismatch}"
         return None
 
+    def fresh_reference() -> dict[str, Any]:
+        enter(Phase.REFERENCE)
+        expected = run_reference(cupy, reference, user.arguments, host)
+        enter(Phase.VERIFY)
+        return expected
+
     def verify() -> None:
-        # The reference's outputs are kept as a built-in's reference is (see _REFERENCE).
-        kept = _REFERENCE.get(reference_key) if keep else None
-        if kept is not None:
+        if keep and reference_key in _REFERENCE:
             enter(Phase.VERIFY)
-        mismatch = mismatch_in(kept) if kept is not None else "no reference kept"
-        if mismatch:
-            _REFERENCE.clear()
-            enter(Phase.REFERENCE)
-            expected = run_reference(cupy, reference, user.arguments, host)
-            enter(Phase.VERIFY)
-            mismatch = mismatch_in(expected)
-            if keep and _fits_beside(cupy, sum(a.nbytes for a in expected.values())):
-                _REFERENCE[reference_key] = expected
-            del expected
+        mismatch = _check_against_kept(cupy, reference_key, keep, mismatch_in, fresh_reference,
+                                       lambda expected: sum(a.nbytes for a in expected.values()))
         if mismatch:
             raise WrongResult(mismatch)
         # Only the check needs the initial data and the copies: not the launches still to time.

@@ -41,15 +41,16 @@ POLL_S = 0.2  # how often a supervisor reads the progress file while it waits
 
 
 class Deadline:
-    """When a worker that started at ``started`` is out of time for its configuration."""
+    """When a worker that started at ``started`` is out of time for its configuration, by
+    the phase in its progress file."""
 
-    def __init__(self, started: float, timeout_s: float) -> None:
-        self.started, self.timeout_s = started, timeout_s
+    def __init__(self, started: float, timeout_s: float, progress_file: Path) -> None:
+        self.started, self.timeout_s, self.progress_file = started, timeout_s, progress_file
         self.at = started + timeout_s
 
-    def update(self, phase: Phase | None, now: float) -> float:
-        """The deadline, moved on while the worker is still starting (``phase``)."""
-        if phase in START_PHASES and now - self.started < SETUP_LIMIT_S:
+    def update(self, now: float) -> float:
+        """The deadline, moved on while the worker is still starting."""
+        if read_progress(self.progress_file)[0] in START_PHASES and now - self.started < SETUP_LIMIT_S:
             self.at = max(self.at, now + self.timeout_s)
         return self.at
 

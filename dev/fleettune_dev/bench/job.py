@@ -50,22 +50,22 @@ STARTUP_PROBE = (
 
 
 def gpu_missing_reason() -> str | None:
-    """None when cupy sees a CUDA device, else why not (the GPU test tier asks the same)."""
+    """None when cupy finds a usable CUDA device, else why not (the job image's own check)."""
+    from fleettune_job.classify import NoGpu
+    from fleettune_job.runner import load_cupy
+
     try:
-        import cupy
-    except Exception as exc:
-        return f"cupy is not importable ({type(exc).__name__}: {exc})"
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as exc:
-        return f"the CUDA runtime finds no device ({exc})"
-    return None if count > 0 else "no CUDA device is visible"
+        load_cupy()
+    except NoGpu as exc:
+        return str(exc)
+    return None
 
 
 def device_name() -> str:
-    import cupy
+    from fleettune_job.fingerprint import device_fingerprint
+    from fleettune_job.runner import load_cupy
 
-    return str(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode())
+    return device_fingerprint(load_cupy()).product
 
 
 @dataclass

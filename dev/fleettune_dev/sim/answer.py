@@ -117,7 +117,7 @@ def job_config(trial: Trial) -> dict[str, Any]:
     if kernel is None or trial.kernel.source_path:
         return dict(trial.config)
     try:
-        return dict(kernel.resolve(trial.config))
+        return kernel.resolve(trial.config)
     except ValueError:  # an unknown parameter: the job refuses it, and no recording has it either
         return dict(trial.config)
 
