@@ -65,7 +65,6 @@ from fleettune_job.watchdog import (
 )
 
 BATCH_WORKER_MODULE = "fleettune_job.batch_worker"
-ANSWER_PREFIX = "fleettune-answer "
 BATCH_PREFIX = "fleettune-batch "
 # Configurations in a row that cost the worker without a verdict on the configuration
 # (crash, hang before the kernel existed): the node is sick, the rest is for another Pod.
@@ -111,8 +110,10 @@ class BatchLog:
     def record(self, index: int, result: TrialResult) -> None:
         answer = Answer.of(index, result)
         self.answers.append(answer)
-        print(ANSWER_PREFIX + answer.model_dump_json(exclude_defaults=True), flush=True)
+        # The termination log first: an answer the operator read from the log is then also in
+        # the record, whenever the Pod dies.
         self._write(BatchResult(answers=self.answers, fingerprint=self.fingerprint))
+        print(answer.line(), flush=True)
 
     def finish(self, error: str = "") -> BatchResult:
         done = self.done

@@ -35,6 +35,9 @@ TRIAL_ENV = "FLEETTUNE_TRIAL"
 PRUNE_RUNS: Final = 3
 TERMINATION_LOG = "/dev/termination-log"
 CONTAINER_NAME = "trial"
+# A batch prints each answer on its stdout as this prefix + JSON (`Answer.line`), for the
+# operator to learn it while the Pod runs; the termination message stays the record.
+ANSWER_PREFIX = "fleettune-answer "
 
 
 class Outcome(StrEnum):
@@ -301,6 +304,21 @@ class Answer(_Strict):
     def result(self, fingerprint: Fingerprint) -> TrialResult:
         return TrialResult(outcome=self.o, objective=self.t, times=self.ts, fingerprint=fingerprint,
                            error=self.e, compile_s=self.c, run_s=self.r, pruned=self.p)
+
+    def line(self) -> str:
+        """The answer as the batch prints it on stdout, the moment it is measured."""
+        return ANSWER_PREFIX + self.model_dump_json(exclude_defaults=True)
+
+    @classmethod
+    def from_line(cls, line: str) -> Answer | None:
+        """The answer a log line carries, or None (another line, or not a valid answer: a
+        line the operator cannot trust is only a head start lost)."""
+        if not line.startswith(ANSWER_PREFIX) or len(line) > MAX_MESSAGE_BYTES:
+            return None
+        try:
+            return cls.model_validate_json(line[len(ANSWER_PREFIX):])
+        except ValueError:
+            return None
 
 
 class BatchResult(_Strict):

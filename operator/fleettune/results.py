@@ -11,7 +11,7 @@ may be tried again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, overload
 
@@ -22,6 +22,7 @@ from fleettune_job.protocol import (
     CONTAINER_NAME,
     INVALID_CONFIG_EXIT_CODES,
     OUTCOME_BY_EXIT_CODE,
+    Answer,
     Batch,
     Fingerprint,
     Outcome,
@@ -227,15 +228,19 @@ def _finished_at(pod: dict[str, Any]) -> str:
 def records_from_batch_job(
     job: dict[str, Any], pods: list[dict[str, Any]], batch: Batch, pool_round: int,
     problem_size: list[int] | None = None, answered_only: bool = False,
+    streamed: Mapping[int, Answer] | None = None,
 ) -> list[TrialRecord]:
     """One record per entry of a finished batch Job (or one whose Pod's end decides it).
 
     Answers are read from every Pod that ended, oldest first: a Pod that died mid-batch
     still wrote the answers it finished, and the first answer of an entry wins (a second
-    Pod may have measured it again). An answer for an index not in the batch is ignored. An
-    entry nobody answered is an infrastructure failure — not measured, so never counted as
-    an invalid configuration — and the optimiser may suggest it again; with `answered_only`
-    (a preempted batch: waiting, not failing) it has no record at all."""
+    Pod may have measured it again). An answer for an index not in the batch is ignored.
+    ``streamed``: the answers the operator read from the Pods' logs while they ran; they
+    stand in where no termination message has one (a Pod whose node was lost before its
+    status was written). An entry nobody answered is an infrastructure failure — not
+    measured, so never counted as an invalid configuration — and the optimiser may suggest
+    it again; with `answered_only` (a preempted batch: waiting, not failing) it has no
+    record at all."""
     keys = _config_keys(job, len(batch.entries))
     by_index = {e.index: e for e in batch.entries}
     answered: dict[int, tuple[TrialResult, dict[str, Any] | None]] = {}
@@ -252,6 +257,10 @@ def records_from_batch_job(
         for answer in message.answers:
             if answer.i in by_index and answer.i not in answered:
                 answered[answer.i] = (answer.result(message.fingerprint), pod)
+    last = _last_pod(pods)
+    for index, answer in (streamed or {}).items():
+        if index in by_index and index not in answered:
+            answered[index] = (answer.result(Fingerprint()), last)
     failed = _condition(job, "Failed")
     if failed is not None:
         why.append(f"job failed ({failed.get('reason')}: {failed.get('message', '')})")
@@ -259,7 +268,6 @@ def records_from_batch_job(
         why.append("no trial pod is left to read results from")
     missing = infra_failure("not measured: the batch ended before this configuration"
                             + (f" ({'; '.join(why)})" if why else ""))
-    last = _last_pod(pods)
     out = []
     for n, entry in enumerate(batch.entries):
         if answered_only and entry.index not in answered:
@@ -267,6 +275,17 @@ def records_from_batch_job(
         result, by = answered.get(entry.index, (missing, last))
         out.append(_record(job, entry.index, entry.config, keys[n], result, by, pool_round, problem_size))
     return out
+
+
+def early_records(job: dict[str, Any], batch: Batch, answers: Mapping[int, Answer], pool_round: int,
+                  problem_size: list[int] | None = None) -> list[TrialRecord]:
+    """The records of a running batch Job's entries already answered in its Pod's log:
+    provisional (the study learns from them, the status and the published best show them)
+    until the Pod's termination message brings the same answers to the store."""
+    keys = _config_keys(job, len(batch.entries))
+    return [_record(job, entry.index, entry.config, keys[n], answers[entry.index].result(Fingerprint()), None,
+                    pool_round, problem_size)
+            for n, entry in enumerate(batch.entries) if entry.index in answers]
 
 
 def _config_keys(job: dict[str, Any], n: int) -> list[str]:

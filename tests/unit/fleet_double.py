@@ -70,6 +70,8 @@ class FakeFleet:
     node_wait_s: float = 600.0
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
     ended: dict[str, dict[str, Any]] = field(default_factory=dict)  # Job name -> its Pod the watch saw end
+    # Job name -> the answers its running Pod printed (what the operator read from its log).
+    streamed: dict[str, dict[int, Answer]] = field(default_factory=dict)
     planner: Planner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,6 +127,21 @@ class FakeFleet:
             "status": {"phase": "Failed", "containerStatuses": [{
                 "name": CONTAINER_NAME, "state": {"terminated": {"exitCode": 143, "message": message.encode()}}}]}}
 
+    def print_answers(self, name: str, n: int) -> list[Answer]:
+        """The running batch Pod of Job `name` prints its first `n` answers on its log."""
+        work = work_of(self.jobs[name])
+        assert isinstance(work, Batch)
+        answers = [Answer.of(e.index, self.measure(e.config)) for e in work.entries[:n]]
+        self.streamed[name] = {a.i: a for a in answers}
+        return answers
+
+    def lose_node(self, name: str) -> None:
+        """The node of Job `name`'s Pod is deleted: the Pod goes with its termination
+        message, the Job fails with no Pod left to read."""
+        job = self.jobs[name]
+        job["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+        job["pods"] = []
+
     def finish(self, n: int | None = None, answered: int | None = None) -> None:
         """The Job controller marks the first `n` running Jobs (all: None) done with their
         results. A batch Pod answers its first `answered` trials (None: all) and is killed
@@ -164,8 +181,9 @@ class FakeFleet:
         ended = {name: pod for name, pod in self.ended.items() if name in self.jobs}
         needed = pods_needed(jobs, ended, self.store)
         pods = {j["metadata"]["name"]: self.jobs[j["metadata"]["name"]]["pods"] for j in needed}
+        streamed = {name: dict(answers) for name, answers in self.streamed.items() if name in self.jobs}
         plan = planner.plan(Observed(wall=self.wall, mono=self.mono, jobs=jobs, records=self.store.records,
-                                     stored=self.store, pods=pods, ended=ended))
+                                     stored=self.store, pods=pods, ended=ended, answers=streamed))
         self.store.append(plan.records)
         for name in plan.delete_now + plan.delete_after:
             self.deleted.append(name)

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from fleettune.controller.kube import Kube
-from fleettune.controller.watch import EndedPods, WatchCache, parse_selector
+from fleettune.controller.watch import EndedPods, StreamedAnswers, WatchCache, answers_in_log, parse_selector
 from fleettune.labels import BATCH_LABEL
+from fleettune_job.protocol import Answer, Outcome, TrialResult
 
 MANAGED = {"app.kubernetes.io/managed-by": "fleettune"}
 SEL_A = "app.kubernetes.io/managed-by=fleettune,fleettune.dev/run=a"
@@ -240,3 +241,31 @@ def test_any_end_of_a_batch_pod_is_final_and_kept_after_the_pod_is_deleted() -> 
     assert ended.observe("DELETED", trial_pod("b2", "Failed", 137, batch=True))  # only its deletion was seen
     # A single-trial Pod killed the same way may be retried by its Job: not final.
     assert not ended.observe("MODIFIED", trial_pod("s1", "Failed", 137))
+
+
+def _running_batch(phase: str = "Running", running: bool = True, batch: bool = True) -> dict[str, Any]:
+    state = {"running": {"startedAt": "2026-01-01T00:00:00Z"}} if running else {"waiting": {"reason": "x"}}
+    return {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-1",
+                         "labels": {BATCH_LABEL: "true"} if batch else {}},
+            "status": {"phase": phase, "containerStatuses": [{"name": "trial", "state": state}]}}
+
+
+def test_only_a_running_batch_pods_log_carries_answers() -> None:
+    assert answers_in_log(_running_batch())
+    assert not answers_in_log(_running_batch(batch=False))  # one configuration: its end is its answer
+    assert not answers_in_log(_running_batch(phase="Pending", running=False))
+    assert not answers_in_log(_running_batch(running=False))
+
+
+def test_streamed_answers_are_kept_once_per_index_and_leave_with_their_job() -> None:
+    streamed = StreamedAnswers()
+    first = Answer.of(3, TrialResult(outcome=Outcome.OK, objective=1.0, times=[1.0]))
+    again = Answer.of(3, TrialResult(outcome=Outcome.OK, objective=2.0, times=[2.0]))
+    assert streamed.claim("pod-1", "ns", "job-uid") and not streamed.claim("pod-1", "ns", "job-uid")
+    assert streamed.add("ns", "job-uid", first) and not streamed.add("ns", "job-uid", again)
+    assert streamed.of("ns", "job-uid") == {3: first} and streamed.of("other", "job-uid") == {}
+    assert streamed.wanted("ns", "job-uid")
+    streamed.job_deleted("ns", "job-uid")
+    # A line read after the deletion (in flight) does not bring the Job back; nor does a late Pod.
+    assert not streamed.add("ns", "job-uid", first) and streamed.of("ns", "job-uid") == {}
+    assert not streamed.wanted("ns", "job-uid") and not streamed.claim("pod-2", "ns", "job-uid")

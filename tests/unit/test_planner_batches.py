@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fleet_double import FakeFleet
 from test_planner import DEFAULT, SPEC, timed
 
@@ -147,3 +148,80 @@ def test_jobs_prune_past_the_pools_best_time_but_never_the_baseline() -> None:
                           "budget": {**SPEC["budget"], "trialsPerTarget": 12, "parallelism": 2, "trialsPerPod": 4}},
                     measure=timed)
     assert {cutoff for cutoff, _, _ in prune_cutoffs(off)} == {None}
+
+
+def batch_running(f: FakeFleet, size: int = 5) -> dict[str, Any]:
+    """Step (finishing each Pod) until the one running Pod holds `size` configurations."""
+    for _ in range(10):
+        f.step()
+        (job,) = f.running()
+        if len(entries_of(job)) == size:
+            return job
+        f.finish()
+        f.advance(5)
+    raise AssertionError(f"no batch of {size}")
+
+
+def test_answers_a_running_pod_printed_are_learnt_and_shown_before_it_ends_and_stored_once() -> None:
+    f = fleet(trialsPerTarget=20, parallelism=1, trialsPerPod=5)
+    job = batch_running(f)
+    name, batch = job["metadata"]["name"], entries_of(job)
+    before = (len(f.store.records), f.target()["completed"])
+    printed = f.print_answers(name, 2)
+    plan = f.step()
+    pool = f.planner.pools["a100"]
+    # Learnt and reported now; stored only from the termination message; nothing else started.
+    assert {r.index for r in plan.early} == {a.i for a in printed} and not plan.records
+    assert {a.i for a in printed} <= pool.observed and not {i for i, _ in batch[2:]} & pool.observed
+    assert len(f.store.records) == before[0] and not plan.create and not plan.delete_now
+    target = f.target()
+    assert target["completed"] == before[1] + 2 and target["running"] == 3
+    best = min(r.objective for r in [*f.store.records, *plan.early] if r.objective)
+    assert target["best"]["objectiveMs"] == pytest.approx(best)
+
+    observed = len(pool.observed)
+    f.finish()
+    f.step()
+    mine = [r for r in f.records_of() if r.job == name]
+    assert sorted(r.index for r in mine) == sorted(i for i, _ in batch)  # each once
+    assert len(pool.observed) == observed + 3  # the other three; the printed two not again
+    assert sum(r.is_observation for r in f.records_of()) == len(pool.observed)
+
+
+def test_a_pod_lost_with_its_node_keeps_the_answers_it_printed() -> None:
+    f = fleet(trialsPerTarget=20, parallelism=1, trialsPerPod=5, maxInfraFailures=3)
+    job = batch_running(f)
+    name, batch = job["metadata"]["name"], entries_of(job)
+    f.print_answers(name, 2)
+    f.step()
+    f.lose_node(name)
+    f.step()
+    records = {r.index: r for r in f.records_of() if r.job == name}
+    assert [records[i].outcome for i, _ in batch[:2]] == [timed(c).outcome for _, c in batch[:2]]
+    assert [records[i].objective for i, _ in batch[:2]] == [timed(c).objective for _, c in batch[:2]]
+    assert all(records[i].outcome == Outcome.INFRA_ERROR for i, _ in batch[2:])
+
+
+def test_printed_answers_do_not_spend_the_budget_before_they_are_stored() -> None:
+    # The default alone, then one Pod of the budget's last five: all five printed, the Pod
+    # not ended yet. "Budget spent" would delete it before its records were stored.
+    f = fleet(trialsPerTarget=6, parallelism=1, trialsPerPod=5)
+    job = batch_running(f)
+    f.print_answers(job["metadata"]["name"], 5)
+    plan = f.step()
+    assert not plan.delete_now and len(plan.early) == 5 and f.target()["phase"] == "Running"
+    f.finish()
+    f.step()
+    assert sum(r.is_observation for r in f.records_of()) == 6
+    assert f.target()["phase"] == "Succeeded"
+
+
+def test_a_pod_stopped_by_the_deadline_keeps_the_answers_it_printed() -> None:
+    f = fleet(trialsPerTarget=40, parallelism=1, trialsPerPod=5, deadlineSeconds=100)
+    job = batch_running(f)
+    name, batch = job["metadata"]["name"], entries_of(job)
+    f.print_answers(name, 3)
+    f.advance(200)
+    plan = f.step()
+    assert name in plan.delete_now and f.target()["phase"] == "Succeeded"
+    assert sorted(r.index for r in f.records_of() if r.job == name) == sorted(i for i, _ in batch[:3])

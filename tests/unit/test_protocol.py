@@ -3,9 +3,11 @@ import json
 import pytest
 
 from fleettune_job.protocol import (
+    ANSWER_PREFIX,
     EXIT_CODES,
     INVALID_CONFIG_EXIT_CODES,
     MAX_MESSAGE_BYTES,
+    Answer,
     Fingerprint,
     KernelRef,
     Outcome,
@@ -79,3 +81,14 @@ def test_a_batchs_pruning_cutoff_reaches_each_trial_and_must_be_positive():
     with pytest.raises(ValidationError, match="prune_above_ms"):
         Trial(run="r", target="a100", index=1, kernel=KernelRef(builtin="convolution"), config={},
               problem_size=[64], prune_above_ms=0)
+
+
+def test_an_answer_line_round_trips_and_anything_else_is_not_an_answer():
+    answer = Answer.of(7, TrialResult(outcome=Outcome.OK, objective=0.125, times=[0.125, 0.126], run_s=0.3))
+    assert Answer.from_line(answer.line()) == answer
+    bad = Answer.of(8, TrialResult(outcome=Outcome.COMPILE_ERROR, error="too many registers"))
+    assert Answer.from_line(bad.line()) == bad
+    for line in ["", "fleettune-job: batch: started", ANSWER_PREFIX + "{", ANSWER_PREFIX + '{"i": 1, "o": "ok"}',
+                 ANSWER_PREFIX + '{"i": -1, "o": "compile_error"}', " " + answer.line(),
+                 ANSWER_PREFIX + json.dumps({"i": 1, "o": "compile_error", "e": "x" * MAX_MESSAGE_BYTES})]:
+        assert Answer.from_line(line) is None, line

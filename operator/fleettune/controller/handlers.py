@@ -25,11 +25,11 @@ import kopf
 
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.admission import TrialPolicy
-from fleettune.controller.kube import Kube, load_workers
+from fleettune.controller.kube import Kube, follow_answers_from_env, load_workers
 from fleettune.controller.plan import job_gist
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S
 from fleettune.controller.tuner import RunLoop
-from fleettune.controller.watch import EndedPods, WatchCache
+from fleettune.controller.watch import EndedPods, StreamedAnswers, WatchCache, answers_in_log
 from fleettune.fingerprint import relevant_labels
 from fleettune.jobs import run_label
 from fleettune.labels import MANAGED_BY, MANAGER, RUN_LABEL
@@ -67,6 +67,9 @@ class OperatorState:
     jobs: WatchCache = field(default_factory=lambda: WatchCache(required={MANAGED_BY: MANAGER}, gist=job_gist))
     nodes: WatchCache = field(default_factory=WatchCache)
     ended: EndedPods = field(default_factory=EndedPods)
+    streamed: StreamedAnswers = field(default_factory=StreamedAnswers)  # running batch Pods' answers
+    # Running batch Pods whose logs are read at once for their answers (0: none).
+    follow_answers: int = field(default_factory=follow_answers_from_env)
     wakers: dict[str, asyncio.Event] = field(default_factory=dict)  # run uid -> its loop's wake-up
     # (namespace, run label) -> uid of the runs being tuned: trial Pods carry the run's label
     # value (jobs.run_label: the name, hashed when longer than a label value may be).
@@ -86,7 +89,8 @@ class OperatorState:
     def kube(self) -> Kube:
         if self._kube is None:
             self._kube = Kube(job_cache=self.jobs, node_cache=self.nodes, background_deletes=True,
-                              ended_pods=self.ended, workers=load_workers())
+                              ended_pods=self.ended, workers=load_workers(), streamed=self.streamed,
+                              follow_answers=self.follow_answers)
         return self._kube
 
     def wake(self, uid: str | None) -> None:
@@ -131,6 +135,7 @@ async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_:
     changed = state.jobs.observe(event.get("type"), event.get("object") or {})
     if event.get("type") == "DELETED":
         state.ended.job_deleted(body.metadata.namespace or "", body.metadata.uid)
+        state.streamed.job_deleted(body.metadata.namespace or "", body.metadata.uid)
     if changed:
         for owner in body.metadata.get("ownerReferences") or []:
             state.wake(owner.get("uid"))
@@ -140,8 +145,14 @@ async def job_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_:
 async def pod_event(event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo,
                     **_: Any) -> None:
     state = state_of(memo)
-    if state.ended.observe(event.get("type"), event.get("object") or {}):
-        state.wake(state.run_uids.get((namespace or "", labels.get(RUN_LABEL, ""))))
+    pod = event.get("object") or {}
+    run = state.run_uids.get((namespace or "", labels.get(RUN_LABEL, "")))
+    if state.ended.observe(event.get("type"), pod):
+        state.wake(run)
+    elif run is not None and event.get("type") != "DELETED" and answers_in_log(pod):
+        # Its answers as they are printed: the run learns each a Pod's length sooner.
+        loop = asyncio.get_running_loop()
+        state.kube.follow_answers(pod, lambda: loop.call_soon_threadsafe(state.wake, run))
 
 
 @kopf.on.event("", "v1", "nodes")

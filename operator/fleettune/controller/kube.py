@@ -18,6 +18,7 @@ thread, so that a slow apiserver slows the runs down instead of piling up finish
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -29,14 +30,23 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
-from fleettune.controller.watch import EndedPods, WatchCache, job_name_of, parse_selector
+from fleettune.controller.watch import (
+    EndedPods,
+    StreamedAnswers,
+    WatchCache,
+    job_name_of,
+    owning_job_uid,
+    parse_selector,
+)
 from fleettune.kubeapi import manifest, raw_json
 from fleettune.labels import JOB_NAME_LABEL, MANAGED_BY, MANAGER
 from fleettune.names import bounded
+from fleettune_job.protocol import CONTAINER_NAME, MAX_MESSAGE_BYTES, Answer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +92,10 @@ def load_workers(directory: str | None = None) -> dict[str, client.ApiClient]:
     return workers
 
 
+def _timed_out(exc: BaseException) -> bool:
+    return isinstance(exc, urllib3.exceptions.ReadTimeoutError | TimeoutError) or "timed out" in str(exc)
+
+
 def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
                  call: Callable[[], Any]) -> list[dict[str, Any]]:
     """``selector``'s objects from ``cache`` when it is fresh, else from ``call`` (a raw list
@@ -98,14 +112,39 @@ def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
     return items
 
 
+FOLLOW_ANSWERS_ENV = "FLEETTUNE_FOLLOW_ANSWERS"
+DEFAULT_FOLLOW_ANSWERS = 64
+# A followed log that says nothing for this long is opened again (a node may have gone
+# without closing the stream); answers read twice are kept once.
+FOLLOW_IDLE_S = 300.0
+
+
+def follow_answers_from_env() -> int:
+    """How many running batch Pods' logs the operator reads at once (0: none; their answers
+    then come with their termination messages only)."""
+    raw = os.environ.get(FOLLOW_ANSWERS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_FOLLOW_ANSWERS
+    if not raw.isdigit():
+        raise ValueError(f"{FOLLOW_ANSWERS_ENV}={raw!r}: expected a whole number of Pods >= 0")
+    return int(raw)
+
+
 class Kube:
     DELETERS = 8  # background deletion threads
     WORKER_NODES_MAX_AGE_S = 10.0  # how long the MultiKueue workers' nodes, as listed, serve every run
 
     def __init__(self, api: client.ApiClient | None = None, job_cache: WatchCache | None = None,
                  node_cache: WatchCache | None = None, background_deletes: bool = False,
-                 ended_pods: EndedPods | None = None, workers: Mapping[str, client.ApiClient] | None = None) -> None:
+                 ended_pods: EndedPods | None = None, workers: Mapping[str, client.ApiClient] | None = None,
+                 streamed: StreamedAnswers | None = None, follow_answers: int = 0) -> None:
         self.api = api or load_api_client()
+        # Running batch Pods' answers, read from their logs (`follow_answers`), at most
+        # ``follow_answers`` Pods at once, on connections of their own: a followed log holds
+        # its connection for the Pod's life, and must not starve the steps' calls.
+        self.streamed = streamed if streamed is not None else StreamedAnswers()
+        self._follows = threading.BoundedSemaphore(follow_answers) if follow_answers > 0 else None
+        self._follow_slots = follow_answers
         self.workers = dict(workers or {})  # MultiKueue worker clusters, by name (`load_workers`)
         self.remote_pods = EndedPods(key=job_name_of)  # the workers' trial Pods, by Job name
         self._watched: set[str] = set()  # namespaces whose trial Pods are watched in every worker
@@ -121,6 +160,63 @@ class Kube:
     @cached_property
     def core(self) -> client.CoreV1Api:
         return client.CoreV1Api(self.api)
+
+    @cached_property
+    def _log_core(self) -> client.CoreV1Api:
+        cfg = copy.copy(self.api.configuration)
+        cfg.connection_pool_maxsize = self._follow_slots
+        return client.CoreV1Api(client.ApiClient(cfg))
+
+    def follow_answers(self, pod: Mapping[str, Any], on_answer: Callable[[], object]) -> bool:
+        """Read a running batch Pod's log as it is written, in a thread of its own, into
+        `streamed` (by its Job's uid); ``on_answer`` is called (from that thread) after
+        each new answer. Once per Pod; False when not started (already read, following
+        off, or as many Pods followed as allowed: that Pod's answers come at its end)."""
+        meta = pod.get("metadata") or {}
+        namespace, name, uid, job = meta.get("namespace"), meta.get("name"), meta.get("uid"), owning_job_uid(pod)
+        if self._follows is None or not (namespace and name and uid and job):
+            return False
+        if not self._follows.acquire(blocking=False):
+            return False
+        if not self.streamed.claim(uid, namespace, job):
+            self._follows.release()
+            return False
+        threading.Thread(target=self._follow, args=(namespace, name, job, on_answer), daemon=True,
+                         name=f"fleettune-answers-{name}"[:60]).start()
+        return True
+
+    def _follow(self, namespace: str, pod: str, job: str, on_answer: Callable[[], object]) -> None:
+        assert self._follows is not None
+        try:
+            while self.streamed.wanted(namespace, job):
+                try:
+                    if self._read_answers(namespace, pod, job, on_answer):
+                        return  # the stream ended: so did the container
+                except (ApiException, OSError, urllib3.exceptions.HTTPError) as exc:
+                    if isinstance(exc, ApiException) or not _timed_out(exc):
+                        # No log to read (the Pod gone, a kubelet that serves none): only the
+                        # head start is lost; the answers come with the termination message.
+                        log.debug("reading the answers of Pod %s/%s: %s", namespace, pod, bounded(str(exc), 300))
+                        return
+        finally:
+            self._follows.release()
+
+    def _read_answers(self, namespace: str, pod: str, job: str, on_answer: Callable[[], object]) -> bool:
+        resp: Any = self._log_core.read_namespaced_pod_log(pod, namespace, container=CONTAINER_NAME, follow=True,
+                                                      _preload_content=False, _request_timeout=(10, FOLLOW_IDLE_S))
+        try:
+            pending = b""
+            for chunk in resp.stream(4096, decode_content=True):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    answer = Answer.from_line(line.decode(errors="replace").rstrip("\r"))
+                    if answer is not None and self.streamed.add(namespace, job, answer):
+                        on_answer()
+                if len(pending) > MAX_MESSAGE_BYTES:
+                    pending = b""  # no answer is that long: not one of ours
+            return True
+        finally:
+            resp.release_conn()
 
     @cached_property
     def batch(self) -> client.BatchV1Api:

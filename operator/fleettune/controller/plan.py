@@ -24,9 +24,9 @@ from fleettune.controller.reporting import Report
 from fleettune.jobs import entries_of, suspended, work_of
 from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune.metrics import TrialTimings, trial_timings
-from fleettune.results import TrialRecord, job_finished, record_from_job, records_from_batch_job
+from fleettune.results import TrialRecord, early_records, job_finished, record_from_job, records_from_batch_job
 from fleettune.sizes import size_of_key
-from fleettune_job.protocol import Batch
+from fleettune_job.protocol import Answer, Batch, Trial
 
 Job = dict[str, Any]
 RecordKey = tuple[int, str, int]  # (round, pool key, trial index): what the store is keyed by
@@ -54,6 +54,8 @@ class Observed:
     stored: Container[RecordKey]  # the store's keys
     ended: Mapping[str, Job] = field(default_factory=dict)  # Job name -> its Pod whose end decides it
     pods: Mapping[str, list[Job]] = field(default_factory=dict)  # Job name -> Pods, for `pods_needed`
+    # Job name -> the answers its running Pod printed so far (`watch.StreamedAnswers`).
+    answers: Mapping[str, Mapping[int, Answer]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class Plan:
     # Pool key -> configurations of preempted Jobs that no Pod answered: measured first, again.
     requeue: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     preempted: list[tuple[str, str, int, int]] = field(default_factory=list)  # (Job, pool, answered, re-queued)
+    # Provisional records of the entries running Pods have answered in their logs: learnt
+    # from and reported, not stored (the termination message brings them to the store).
+    early: list[TrialRecord] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -106,6 +111,11 @@ def pods_needed(jobs: Sequence[Job], ended: Mapping[str, Job], stored: Container
             if job_finished(job) and job["metadata"]["name"] not in ended and not recorded(job, stored)]
 
 
+def _size(target: str, work: Trial | Batch) -> list[int] | None:
+    """The problem size to record: the work's, when the pool is one of several sizes."""
+    return work.problem_size if size_of_key(target) is not None else None
+
+
 def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[Job]]:
     """Into `plan`: the records of the finished Jobs, and of Jobs whose Pod's end already
     decides them (settling: neither running nor deletable until the Job controller is done
@@ -123,6 +133,10 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 plan.delete_now.append(name)
             else:
                 running.setdefault(target, []).append(job)
+                if answers := obs.answers.get(name):
+                    work = work_of(job)
+                    if isinstance(work, Batch):
+                        plan.early += early_records(job, work, answers, round_of(job), _size(target, work))
             continue
         # Finished, or its Pod's end already decides it: no need to wait for the Job
         # controller to record it and start the next trial. Deleting it can wait: a Job
@@ -133,10 +147,11 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
             if pods is None:
                 continue  # its Pods were not read: recorded (and deleted) on a later step
             work = work_of(job)
-            size = work.problem_size if size_of_key(target) is not None else None  # one of several sizes
+            size = _size(target, work)
             preempted = suspended(job) and not job_finished(job)
             if isinstance(work, Batch):
-                new = records_from_batch_job(job, pods, work, round_of(job), size, answered_only=preempted)
+                new = records_from_batch_job(job, pods, work, round_of(job), size, answered_only=preempted,
+                                             streamed=obs.answers.get(name))
             else:
                 new = [record_from_job(job, pods, work.config, round_of(job), size)]
             if preempted and rounds.get(target) == round_of(job):

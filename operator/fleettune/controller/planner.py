@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -279,11 +279,17 @@ class Planner:
         for job, key, answered, back in plan.preempted:
             self.events.append(("Normal", "Preempted", f"{key}: trial Job {job} was preempted by its queue after "
                                 f"{answered} configuration(s); {back} go back to the pool, none counted as failed"))
-        records = Records([*obs.records, *plan.records])
+        durable = [*obs.records, *plan.records]
+        stored = {(r.round, r.target, r.index) for r in durable}
+        plan.early = [r for r in plan.early if (r.round, r.target, r.index) not in stored]
+        # What running Pods answered already counts for everything but the budget: the
+        # studies learn from it and the status shows it now, a Pod's length sooner.
+        records = Records([*durable, *plan.early])
+        early = {(r.target, r.index) for r in plan.early}
         self._feed_studies(records)
         for pool in self.pools.values():
             if pool.study is not None and not pool.done:
-                self._advance(pool, running.setdefault(pool.key, []), records, obs, plan)
+                self._advance(pool, running.setdefault(pool.key, []), records, early, obs, plan)
         queues = {key: self._queue(pool) for key, pool in self.pools.items()}
         plan.report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
         return plan
@@ -355,10 +361,13 @@ class Planner:
 
     def _ends(self, pool: Pool, running: list[Job], plan: Plan, verdict: Verdict | None) -> bool:
         """Apply a stopping verdict (`optimize.stopping.pool_verdict`): True when the pool
-        starts no new trial."""
+        starts no new trial. Trials it stops keep what their Pods answered already: those
+        records are stored before the Jobs are deleted."""
         if verdict is not None and verdict.phase is not None:
             if verdict.stop_running:
-                plan.delete_now += [j["metadata"]["name"] for j in running]
+                names = {j["metadata"]["name"] for j in running}
+                plan.records += [r for r in plan.early if r.job in names]
+                plan.delete_now += sorted(names)
                 running.clear()
             pool.move(PoolPhase(verdict.phase), verdict.message)
         return verdict is not None
@@ -379,12 +388,14 @@ class Planner:
             self.log.info("%s: %s", pool.key, note)
         running.clear()
 
-    def _advance(self, pool: Pool, running: list[Job], records: Sequence[TrialRecord], obs: Observed,
-                 plan: Plan) -> None:
+    def _advance(self, pool: Pool, running: list[Job], records: Sequence[TrialRecord],
+                 early: Container[tuple[str, int]], obs: Observed, plan: Plan) -> None:
+        """`early`: the (pool, index) of `records` that running Pods answered in their logs;
+        until stored, they stay in flight for the budget."""
         assert self.spec is not None and pool.study is not None and pool.space is not None
         budget = self.spec.budget
         mine = pool.records(records)
-        observations = sum(r.is_observation for r in mine)
+        observations = sum(r.is_observation and (r.target, r.index) not in early for r in mine)
         infra = [r for r in mine if not r.is_observation]
         in_flight = [entry for job in running for entry in entries_of(job)]
         rules = Budget(budget.trials_per_target, budget.max_infra_failures, budget.deadline_seconds)
@@ -410,7 +421,7 @@ class Planner:
         left = budget.trials_per_target - observations - len(in_flight)
         if slots <= 0 or left <= 0:
             return
-        pending = [config for _, config in in_flight]
+        pending = [config for i, config in in_flight if (pool.key, i) not in early]
         keys = {r.key for r in mine if r.is_observation} | {pool.space.key(c) for c in pending}
         default_first = pool.default_config is not None and pool.default_key not in keys
         aim, sizes = self._batch_sizes(pool, mine, slots, left, default_first, observations, len(in_flight))

@@ -73,10 +73,13 @@ class Reporter:
                 delayed.append(f"{pool.key}: {len(held)} trial Job(s) waiting {waited:.0f} s for admission by "
                                f"LocalQueue {spec_queue.name} (more than maxWaitSeconds "
                                f"{spec_queue.max_wait_seconds})")
+            mine = pool.records(records)
+            live = {j["metadata"]["name"] for j in jobs if not suspended(j)}
             status = target_status(
                 name=pool.key, phase=pool.phase.value, budget=spec.budget.trials_per_target,
-                records=pool.records(records),
-                running=sum(len(entries_of(j)) for j in jobs if not suspended(j)),
+                records=mine,
+                # A running Pod's entries less those it has answered already (`Plan.early`).
+                running=sum(len(entries_of(j)) for j in jobs if not suspended(j)) - sum(r.job in live for r in mine),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
                 message=pool.message, tuning_round=pool.round, stale=pool.stale,
                 tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,

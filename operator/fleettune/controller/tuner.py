@@ -125,9 +125,12 @@ class RunLoop:
         pod_lists = await asyncio.gather(*(  # one round trip for all of them, not one after another
             asyncio.to_thread(self.kube.job_pods, self.namespace, j["metadata"]["name"]) for j in needed
         ))
+        streamed = {j["metadata"]["name"]: answers for j in jobs
+                    if (answers := self.kube.streamed.of(self.namespace, j["metadata"].get("uid")))}
         observed = Observed(
             wall=time.time(), mono=time.monotonic(), jobs=jobs, records=self.store.records, stored=self.store,
             ended=ended, pods={j["metadata"]["name"]: pods for j, pods in zip(needed, pod_lists, strict=True)},
+            answers=streamed,
         )
         plan = await asyncio.to_thread(planner.plan, observed)
         await self._apply(plan)
@@ -150,7 +153,8 @@ class RunLoop:
         assert spec is not None and plan.report is not None
         if plan.report.targets:  # publishing first: a refusal shows in the status written just after
             await self.publisher.publish(spec.publish, {t.name for t in spec.targets},
-                                         entries(self.planner.pools.values(), Records(self.store.records)))
+                                         entries(self.planner.pools.values(), Records([*self.store.records,
+                                                                                       *plan.early])))
         await self._write_status(plan.report)
 
     async def _record_and_launch(self, plan: Plan) -> None:

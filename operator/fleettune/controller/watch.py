@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from fleettune.labels import BATCH_LABEL
 from fleettune.results import decisive_end
+from fleettune_job.protocol import CONTAINER_NAME, Answer
 
 
 def parse_selector(selector: str) -> dict[str, str] | None:
@@ -187,13 +189,23 @@ class WatchCache:
             self._listed[(namespace, selector)] = started
 
 
+def answers_in_log(pod: Mapping[str, Any]) -> bool:
+    """Whether a Pod is a batch whose trial container runs: its log carries answers now."""
+    if ((pod.get("metadata") or {}).get("labels") or {}).get(BATCH_LABEL) != "true":
+        return False
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("name") == CONTAINER_NAME and (c.get("state") or {}).get("running")
+        for c in status.get("containerStatuses") or [])
+
+
 def job_name_of(pod: Mapping[str, Any]) -> str | None:
     """The name of the Job a Pod belongs to (the Job controller's label)."""
     name = ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-name")
     return str(name) if name else None
 
 
-def _owning_job_uid(pod: Mapping[str, Any]) -> str | None:
+def owning_job_uid(pod: Mapping[str, Any]) -> str | None:
     for owner in (pod.get("metadata") or {}).get("ownerReferences") or []:
         if owner.get("kind") == "Job" and owner.get("uid"):
             return str(owner["uid"])
@@ -228,7 +240,7 @@ class EndedPods:
     MAX_ENTRIES = 20_000
 
     def __init__(self, key: Callable[[Mapping[str, Any]], str | None] | None = None) -> None:
-        self._key = key or _owning_job_uid
+        self._key = key or owning_job_uid
         self._lock = threading.Lock()
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._gone: dict[tuple[str, str], None] = {}  # deleted Jobs, oldest first (an ordered set)
@@ -266,3 +278,67 @@ class EndedPods:
     def __len__(self) -> int:
         return len(self._pods)
 
+
+
+class StreamedAnswers:
+    """The answers running batch Pods have printed so far (their ``fleettune-answer`` log
+    lines), by namespace and Job name, then entry index: what a run learns before the Pod
+    ends and its termination message brings the same answers to the store.
+
+    A Pod's log is read as it is written (`fleettune.controller.kube.Kube.follow_answers`);
+    an entry leaves with its Job (its watch event). The size bound only guards against
+    deletions a broken watch never delivered. Thread-safe: fed from log-reading threads,
+    read from worker threads.
+    """
+
+    MAX_JOBS = 20_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._answers: dict[tuple[str, str], dict[int, Answer]] = {}
+        self._claimed: dict[str, None] = {}  # uids of the Pods whose log is read (or was), oldest first
+        self._gone: dict[tuple[str, str], None] = {}  # deleted Jobs, oldest first
+
+    def claim(self, pod_uid: str, namespace: str, job_uid: str) -> bool:
+        """True the first time a Pod of a Job not deleted is claimed: its log is read once."""
+        with self._lock:
+            if pod_uid in self._claimed or (namespace, job_uid) in self._gone:
+                return False
+            self._claimed[pod_uid] = None
+            if len(self._claimed) > self.MAX_JOBS:
+                del self._claimed[next(iter(self._claimed))]
+            return True
+
+    def wanted(self, namespace: str, job_uid: str) -> bool:
+        """Whether the Job's answers are still wanted (it was not deleted)."""
+        with self._lock:
+            return (namespace, job_uid) not in self._gone
+
+    def add(self, namespace: str, job_uid: str, answer: Answer) -> bool:
+        """An answer printed by a Pod of the Job; True when it is new (the first for its index)."""
+        key = (namespace, job_uid)
+        with self._lock:
+            if key in self._gone:
+                return False
+            answers = self._answers.get(key)
+            if answers is None:
+                if len(self._answers) >= self.MAX_JOBS:
+                    del self._answers[next(iter(self._answers))]
+                answers = self._answers[key] = {}
+            if answer.i in answers:
+                return False
+            answers[answer.i] = answer
+            return True
+
+    def of(self, namespace: str, job_uid: str | None) -> dict[int, Answer]:
+        with self._lock:
+            return dict(self._answers.get((namespace, job_uid or ""), {}))
+
+    def job_deleted(self, namespace: str, job_uid: str | None) -> None:
+        if not job_uid:
+            return
+        with self._lock:
+            self._answers.pop((namespace, job_uid), None)
+            self._gone[(namespace, job_uid)] = None
+            if len(self._gone) > self.MAX_JOBS:
+                del self._gone[next(iter(self._gone))]

@@ -20,8 +20,9 @@ import pytest
 
 from fleettune_job import batch, entrypoint, nvrtc, watchdog
 from fleettune_job.ahead import AheadOptions, Artefact, Build, Compiler
-from fleettune_job.batch import ANSWER_PREFIX, BatchLog, rewrite, run_batch
+from fleettune_job.batch import BatchLog, rewrite, run_batch
 from fleettune_job.protocol import (
+    ANSWER_PREFIX,
     MAX_MESSAGE_BYTES,
     TRIAL_ENV,
     Batch,
@@ -421,3 +422,22 @@ def test_a_batch_log_is_never_done_before_every_entry_is_answered(tmp_path: Path
     assert stopped.exit_code == 20 and stopped.error == "terminated by SIGTERM"
     log.record(2, TrialResult(outcome=Outcome.OK, objective=2.0))
     assert log.finish("ignored once done") == BatchResult(answers=log.answers, done=True)
+
+
+def test_an_answer_is_in_the_termination_log_before_it_is_printed(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The operator may learn an answer from the log line; the record must then hold it too,
+    # whenever the Pod dies.
+    path = tmp_path / "termination-log"
+    book = BatchLog(path, expected=[3, 4])
+    book.start()
+    in_file_when_printed: list[list[int]] = []
+
+    def printed(*args: Any, **_: Any) -> None:
+        if str(args[0]).startswith(ANSWER_PREFIX):
+            in_file_when_printed.append([a.i for a in decode_batch(path.read_text()).answers])
+
+    monkeypatch.setattr("builtins.print", printed)
+    book.record(3, TrialResult(outcome=Outcome.OK, objective=1.5, times=[1.5]))
+    book.record(4, TrialResult(outcome=Outcome.COMPILE_ERROR, error="too many registers"))
+    assert in_file_when_printed == [[3], [3, 4]]
