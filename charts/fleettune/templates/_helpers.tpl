@@ -100,6 +100,12 @@ helm.sh/chart: {{ include "fleettune.chart" . }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+{{- if gt (int .Values.followAnswers) 0 }}
+# A running batch Pod's answers, read from its log as it prints them (followAnswers).
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
+{{- end }}
 # The results store (sharded ConfigMaps owned by the run), published configurations, and
 # user kernel sources (watched: an edited source starts a new round at once).
 - apiGroups: [""]

@@ -295,6 +295,7 @@ def test_namespaced_rbac(chart: Helm) -> None:
     assert _grants(role_rules, "tuningruns/status") == {"get", "patch"}
     assert _grants(role_rules, "configmaps") == {"get", "list", "watch", "create", "update"}
     assert _grants(role_rules, "pods") == {"get", "list", "watch"}
+    assert _grants(role_rules, "pods/log") == {"get"}  # a running batch's answers (followAnswers)
     # blockOwnerDeletion on the trial Jobs (OwnerReferencesPermissionEnforcement): update on the
     # finalizers subresource only, never on the runs themselves.
     assert _grants(role_rules, "tuningruns/finalizers") == {"update"}
@@ -324,6 +325,12 @@ def test_clusterwide_rbac(chart: Helm) -> None:
     args = container(docs)["args"]
     assert "--all-namespaces" in args and "--verbose" in args
     assert not [a for a in args if a.startswith("--namespace")]
+
+
+def test_reading_no_logs_grants_no_log_access(chart: Helm) -> None:
+    docs = chart.template("namespaced.yaml", sets=("followAnswers=0",))
+    assert not _grants(_rules(docs, "Role"), "pods/log")
+    assert {e["name"]: e.get("value") for e in container(docs)["env"]}["FLEETTUNE_FOLLOW_ANSWERS"] == "0"
 
 
 def test_rbac_renders_alone_as_plain_manifests(chart: Helm) -> None:
