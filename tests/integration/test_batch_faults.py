@@ -29,7 +29,8 @@ from operator_support import OperatorProcess, apply, example, get_run, stored_re
 
 from fleettune.labels import BATCH_LABEL, RUN_LABEL
 from fleettune.results import TrialRecord
-from fleettune_job.protocol import Batch, Outcome
+from fleettune_dev.sim.simulator import FleetSimulator
+from fleettune_job.protocol import CONTAINER_NAME, Answer, Batch, Outcome
 
 pytestmark = pytest.mark.integration
 
@@ -181,4 +182,47 @@ def test_a_batch_pod_deleted_mid_batch_keeps_the_answers_it_wrote(cluster, names
     assert lost and all("not measured" in r.error for r in lost)  # the rest: tried again, never invalid
     assert len([r for r in records if r.is_observation]) == budget
     assert len({r.index for r in records}) == len(records)
+    _assert_clean_log(operator)
+
+
+def test_a_running_batch_pods_answers_reach_the_status_before_it_ends(cluster, namespace, operator):
+    """The operator reads a running batch Pod's answers from its log (kwok serves the lines
+    the simulator prints, through the real apiserver's pods/log, under the chart's RBAC):
+    the status counts them while the Pod still runs, and each is stored once, from the
+    termination message, when it ends."""
+    budget, size = 17, 16  # the default alone, then one Pod of 16 (random search: no ramp)
+    doc = _one_pool("streamed", trialsPerTarget=budget, parallelism=1, trialsPerPod=size)
+    selector = f"{BATCH_LABEL}=true,{RUN_LABEL}=streamed"
+    # The simulator at a quarter of the GPU's pace: a Pod of 16 convolution configurations,
+    # compiled 8 at a time, runs ~15 s, longer than the status may lag behind (5 s).
+    with FleetSimulator(cluster.kubeconfig, cluster.fleet, time_scale=4.0):
+        assert apply(cluster, namespace, doc).returncode == 0
+
+        def running_batch() -> dict[str, Any] | None:
+            out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+            return next((p for p in json.loads(out)["items"] if p["status"].get("phase") == "Running"), None)
+
+        pod = wait_for(running_batch, 120, "a running batch Pod", interval=0.2)
+        before = 1  # the default configuration's Pod, ended before this one started
+        name = pod["metadata"]["name"]
+
+        def counted_while_running() -> int | None:
+            now = json.loads(cluster.kubectl("get", "pod", "-n", namespace, name, "-o", "json").stdout)
+            assert now["status"].get("phase") == "Running", "the Pod ended before its answers were counted"
+            target = get_run(cluster, namespace, "streamed")["status"]["targets"][0]
+            return int(target["completed"]) if int(target["completed"]) > before else None
+
+        counted = wait_for(counted_while_running, 30, "answers counted while the Pod runs", interval=0.3)
+        logs = cluster.kubectl("logs", "-n", namespace, name, "-c", CONTAINER_NAME).stdout
+        printed = [a for line in logs.splitlines() if (a := Answer.from_line(line)) is not None]
+        assert printed and counted - before <= len(printed), (counted, before, logs[:500])
+        run = wait_phase(cluster, namespace, "streamed", 120, operator)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    records = stored_records(cluster, namespace, "streamed")
+    assert len({r.index for r in records}) == len(records) and sum(r.is_observation for r in records) == budget
+    mine = {r.index: r for r in records if r.job == pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]}
+    assert len(mine) == size
+    for answer in printed:  # what the log said is what was stored
+        assert mine[answer.i].outcome == answer.o and mine[answer.i].objective == answer.t
+    assert run["status"]["targets"][0]["completed"] == budget
     _assert_clean_log(operator)

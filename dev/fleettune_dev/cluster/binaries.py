@@ -224,6 +224,9 @@ def _ensure_etcd(root: Path, progress: Progress) -> Path:
     return out / "etcd"
 
 
+KWOK_CRDS = ("kwok.x-k8s.io_logs.yaml",)
+
+
 def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
     out = root / "bin" / f"kwok-{KWOK_VERSION}"
     work = root / "src" / "kwokbin"
@@ -236,6 +239,13 @@ def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
         # The module cache is read-only; a copy that kept its modes could not be deleted later.
         for d in [dest / "stages", *(p for p in (dest / "stages").rglob("*") if p.is_dir())]:
             d.chmod(0o755)
+        copy_crds(dest)
+
+    def copy_crds(dest: Path) -> None:
+        # The CRDs of the kwok objects the cluster uses (`Logs`: a fake Pod's log file).
+        (dest / "crds").mkdir(mode=0o755, exist_ok=True)
+        for name in KWOK_CRDS:
+            shutil.copyfile(_kwok_module_dir(work) / "kustomize" / "crd" / "bases" / name, dest / "crds" / name)
 
     if not (out / "kwok").exists():
         gomod = f"module local.test/kwokbin\n\ngo 1.26.0\n\nrequire sigs.k8s.io/kwok {KWOK_VERSION}\n"
@@ -243,6 +253,8 @@ def _ensure_kwok(root: Path, progress: Progress) -> tuple[Path, Path]:
                       copy_stages)
     elif not (out / "stages").is_dir():
         copy_stages(out)
+    elif not all((out / "crds" / name).is_file() for name in KWOK_CRDS):
+        copy_crds(out)
     return out / "kwok", out / "stages"
 
 

@@ -414,7 +414,10 @@ class LocalCluster:
                     # On in OpenShift: an ownerReference that blocks its owner's deletion
                     # needs `update` on the owner's finalizers (trial Jobs set one).
                     "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
-                    "--allow-privileged=true", "--profiling=false"]
+                    "--allow-privileged=true", "--profiling=false",
+                    # kwok gives each fake node its name as its Hostname address, which does not
+                    # resolve: reach the "kubelet" (kwok, for Pod logs) by its InternalIP.
+                    "--kubelet-preferred-address-types=InternalIP"]
         # No --authentication/authorization-kubeconfig: their serving endpoints are only used
         # for /healthz (always allowed), and delegated auth would poll for a front-proxy CA
         # this cluster does not have, logging an error every few seconds.
@@ -438,6 +441,10 @@ class LocalCluster:
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                     "--node-lease-duration-seconds=40", f"--cidr={POD_CIDR}",
                     f"--server-address=127.0.0.1:{p['kwok']}",
+                    # The fake nodes' kubelet endpoint, which the apiserver proxies Pod logs to:
+                    # kwok's own server (TLS with a throw-away certificate, which the
+                    # apiserver does not check without --kubelet-certificate-authority).
+                    "--node-ip=127.0.0.1", f"--node-port={p['kwok']}",
                     f"--config={self.state_dir / 'kwok-stages.yaml'}"]
         raise KeyError(name)
 
@@ -447,6 +454,8 @@ class LocalCluster:
             if not wait_port_free(ports[key]):
                 raise ClusterError(f"cannot start {name}: port {ports[key]} ({key}) is taken by another process")
         t0 = time.monotonic()
+        if name == "kwok":
+            self._install_kwok_crds()  # it watches them from its start
         say(f"starting {name}")
         # The kernel's parent-death signal fires when the *thread* that forked exits: only
         # bind components to the main thread, never to a short-lived worker thread.
@@ -500,6 +509,20 @@ class LocalCluster:
             return "\n".join((self.logs_dir / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
+
+    def _install_kwok_crds(self) -> None:
+        """kwok's `Logs` CRD: the fleet simulator points each batch Pod's log at a file
+        (`fleettune_dev.sim.podlogs`), which kwok serves to `kubectl logs` and the operator."""
+        from kubernetes import client
+
+        with self.api_client() as api:
+            crds = client.ApiextensionsV1Api(api)
+            for path in sorted((self._bins(_quiet).kwok.parent / "crds").glob("*.yaml")):
+                try:
+                    crds.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+                except client.ApiException as exc:
+                    if exc.status != 409:
+                        raise
 
     def _ensure_fleet(self, say: Progress, timeout: float = 60.0) -> None:
         from kubernetes import client

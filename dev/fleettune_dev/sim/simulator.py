@@ -47,6 +47,8 @@ import heapq
 import itertools
 import json
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -57,6 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleettune.labels import MANAGED_BY, MANAGER, POOL_LABEL
@@ -71,6 +74,7 @@ from fleettune_dev.sim.answer import (
     invalid_configuration,
 )
 from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots, is_batch_text
+from fleettune_dev.sim.podlogs import PodLogs
 from fleettune_dev.sim.rawwatch import WatchExpired, raw_list, raw_watch
 from fleettune_dev.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
 from fleettune_dev.sim.startup import PodStartup
@@ -96,6 +100,7 @@ from fleettune_job.protocol import (
     TrialResult,
     parse_work,
 )
+from fleettune_job.protocol import Answer as Verdict
 
 log = logging.getLogger("fleettune.sim")  # the name in the simulator's log lines
 
@@ -190,7 +195,7 @@ class FleetSimulator:
 
     def __init__(self, kubeconfig: Path | str, fleet: Fleet, time_scale: float = 1.0, seed: int = 0, *,
                  compile_s: float = DEFAULT_COMPILE_S, label_selector: str = MANAGED_SELECTOR,
-                 workers: int = 16, startup: PodStartup | None = None) -> None:
+                 workers: int = 16, startup: PodStartup | None = None, logs_dir: Path | None = None) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self.kubeconfig = Path(kubeconfig)
@@ -222,6 +227,9 @@ class FleetSimulator:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._models: dict[tuple[str, str], KernelModel] = {}
+        # Batch Pods' answer lines, served by kwok as their logs (default: a temporary folder).
+        self._own_logs_dir = logs_dir is None
+        self.podlogs = PodLogs(logs_dir or Path(tempfile.mkdtemp(prefix="fleettune-sim-logs-")))
         # Node name -> uid, per the node watch; None until its first list.
         self._nodes: dict[str, str] | None = None
 
@@ -231,6 +239,7 @@ class FleetSimulator:
             return self
         self._stop.clear()
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="fleettune-sim-api")
+        self.podlogs.start()
         self._threads = [
             threading.Thread(target=self._node_loop, name="fleettune-sim-nodes", daemon=True),
             threading.Thread(target=self._watch_loop, name="fleettune-sim-watch", daemon=True),
@@ -250,6 +259,9 @@ class FleetSimulator:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self.podlogs.stop()
+        if self._own_logs_dir:
+            shutil.rmtree(self.podlogs.directory, ignore_errors=True)
 
     def __enter__(self) -> FleetSimulator:
         return self.start()
@@ -469,6 +481,11 @@ class FleetSimulator:
             if isinstance(answer, BatchAnswer) and uid in self._running:
                 self._batches[uid] = due
             self._cv.notify_all()
+        if isinstance(answer, BatchAnswer) and answer.answers and self.podlogs.open(
+                client.CustomObjectsApi(core.api_client), pod):
+            for timed in answer.answers:  # each printed the moment it is measured, as the job image does
+                self.podlogs.print_at(uid, due.began + (startup_s + timed.at_s) * self.time_scale,
+                                      Verdict.of(timed.index, timed.answer.result).line())
 
     def _due(self, pod: dict[str, Any], node_uid: str, answer: Answer | BatchAnswer, *, began: float,
              startup_s: float = 0.0) -> _Due:
@@ -629,6 +646,7 @@ class FleetSimulator:
             # Whichever comes first, the batch's end or its deletion, writes its status.
             if isinstance(due.answer, BatchAnswer) and self._batches.pop(due.uid, None) is None:
                 return
+        self.podlogs.close(due.uid)
         if self._gone_with_node(core, due):
             return
         result = due.answer.result
@@ -648,6 +666,7 @@ class FleetSimulator:
         Written only over the running Pod last seen (its resourceVersion): a Pod that ended
         meanwhile keeps its status."""
         assert isinstance(due.answer, BatchAnswer)
+        self.podlogs.close(due.uid)  # killed: it prints nothing more
         if self._gone_with_node(core, due):
             return
         for _ in range(3):

@@ -29,7 +29,7 @@ from fleettune.controller.kube import Kube, follow_answers_from_env, load_worker
 from fleettune.controller.plan import job_gist
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S
 from fleettune.controller.tuner import RunLoop
-from fleettune.controller.watch import EndedPods, StreamedAnswers, WatchCache, answers_in_log
+from fleettune.controller.watch import EndedPods, StreamedAnswers, WatchCache, answers_in_log, owning_job_uid
 from fleettune.fingerprint import relevant_labels
 from fleettune.jobs import run_label
 from fleettune.labels import MANAGED_BY, MANAGER, RUN_LABEL
@@ -148,6 +148,7 @@ async def pod_event(event: kopf.RawEvent, namespace: str | None, labels: kopf.La
     pod = event.get("object") or {}
     run = state.run_uids.get((namespace or "", labels.get(RUN_LABEL, "")))
     if state.ended.observe(event.get("type"), pod):
+        state.streamed.pod_ended(namespace or "", owning_job_uid(pod))
         state.wake(run)
     elif run is not None and event.get("type") != "DELETED" and answers_in_log(pod):
         # Its answers as they are printed: the run learns each a Pod's length sooner.

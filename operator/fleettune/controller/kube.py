@@ -114,9 +114,10 @@ def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
 
 FOLLOW_ANSWERS_ENV = "FLEETTUNE_FOLLOW_ANSWERS"
 DEFAULT_FOLLOW_ANSWERS = 64
-# A followed log that says nothing for this long is opened again (a node may have gone
-# without closing the stream); answers read twice are kept once.
-FOLLOW_IDLE_S = 300.0
+# A followed log that says nothing for this long is opened again if its Pod still runs (a
+# node may have gone without closing the stream); answers read twice are kept once.
+FOLLOW_IDLE_S = 30.0
+FOLLOW_RETRIES, FOLLOW_RETRY_S = 20, 0.5  # a log not there yet is asked for again, this often
 
 
 def follow_answers_from_env() -> int:
@@ -187,15 +188,23 @@ class Kube:
 
     def _follow(self, namespace: str, pod: str, job: str, on_answer: Callable[[], object]) -> None:
         assert self._follows is not None
+        refused = 0
         try:
             while self.streamed.wanted(namespace, job):
                 try:
                     if self._read_answers(namespace, pod, job, on_answer):
                         return  # the stream ended: so did the container
-                except (ApiException, OSError, urllib3.exceptions.HTTPError) as exc:
-                    if isinstance(exc, ApiException) or not _timed_out(exc):
-                        # No log to read (the Pod gone, a kubelet that serves none): only the
-                        # head start is lost; the answers come with the termination message.
+                except ApiException as exc:
+                    # 400: no log yet (a container starting; a fake node given its log file
+                    # a moment after the Pod ran): ask again shortly. Else, or for too long,
+                    # only the head start is lost: the answers come with the termination message.
+                    refused += 1
+                    if exc.status != 400 or refused > FOLLOW_RETRIES:
+                        log.debug("reading the answers of Pod %s/%s: %s", namespace, pod, bounded(str(exc), 300))
+                        return
+                    time.sleep(FOLLOW_RETRY_S)
+                except (OSError, urllib3.exceptions.HTTPError) as exc:
+                    if not _timed_out(exc):  # a broken connection: the node or apiserver away
                         log.debug("reading the answers of Pod %s/%s: %s", namespace, pod, bounded(str(exc), 300))
                         return
         finally:

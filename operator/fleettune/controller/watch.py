@@ -298,6 +298,7 @@ class StreamedAnswers:
         self._answers: dict[tuple[str, str], dict[int, Answer]] = {}
         self._claimed: dict[str, None] = {}  # uids of the Pods whose log is read (or was), oldest first
         self._gone: dict[tuple[str, str], None] = {}  # deleted Jobs, oldest first
+        self._ended: dict[tuple[str, str], None] = {}  # Jobs whose Pod ended: their logs say no more
 
     def claim(self, pod_uid: str, namespace: str, job_uid: str) -> bool:
         """True the first time a Pod of a Job not deleted is claimed: its log is read once."""
@@ -310,9 +311,18 @@ class StreamedAnswers:
             return True
 
     def wanted(self, namespace: str, job_uid: str) -> bool:
-        """Whether the Job's answers are still wanted (it was not deleted)."""
+        """Whether the Job's log is still worth reading (its Pod runs, the Job is not deleted)."""
         with self._lock:
-            return (namespace, job_uid) not in self._gone
+            return (namespace, job_uid) not in self._gone and (namespace, job_uid) not in self._ended
+
+    def pod_ended(self, namespace: str, job_uid: str | None) -> None:
+        """The Job's Pod ended: stop reading its log (a kubelet closes it then; kwok does not),
+        keep what it printed (until the Job's records are stored)."""
+        if job_uid:
+            with self._lock:
+                self._ended[(namespace, job_uid)] = None
+                if len(self._ended) > self.MAX_JOBS:
+                    del self._ended[next(iter(self._ended))]
 
     def add(self, namespace: str, job_uid: str, answer: Answer) -> bool:
         """An answer printed by a Pod of the Job; True when it is new (the first for its index)."""
