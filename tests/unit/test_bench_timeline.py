@@ -238,10 +238,10 @@ def test_answers_come_out_in_order_and_the_pod_ends_with_the_last() -> None:
 def test_streamed_answers_are_known_when_printed(ts) -> None:
     """On one GPU the next Pod starts when the last ends either way: the same
     configurations, each known when its Pod printed it instead of when the Pod ended."""
-    model = FleetModel(CONSTANT, cpus=4, pod_seconds=1.0, max_batch=6)
-    ended = simulate_fleet(ts, "batch", 1, 2, 30, model, strategy="random", clock=ticking(0.0))
-    streamed = simulate_fleet(ts, "batch", 1, 2, 30, dataclasses.replace(model, stream_poll_s=0.0),
-                              strategy="random", clock=ticking(0.0))
+    model = FleetModel(CONSTANT, cpus=4, pod_seconds=1.0, max_batch=6)  # answers read at once: the default
+    ended = simulate_fleet(ts, "batch", 1, 2, 30, dataclasses.replace(model, stream_poll_s=None), strategy="random",
+                           clock=ticking(0.0))
+    streamed = simulate_fleet(ts, "batch", 1, 2, 30, model, strategy="random", clock=ticking(0.0))
     np.testing.assert_array_equal(streamed.order, ended.order)
     assert streamed.batches == ended.batches and streamed.spans == ended.spans
     assert (streamed.times <= ended.times).all() and (streamed.times < ended.times).any()
@@ -273,11 +273,11 @@ def test_streamed_answers_of_running_pods_reach_the_next_suggestion(ts, monkeypa
 
     monkeypatch.setattr(Study, "suggest", spy)
     model = FleetModel(CONSTANT, cpus=4, pod_seconds=1.0, max_batch=6)
-    simulate_fleet(ts, "batch", 3, 0, 40, model, strategy="random", clock=ticking(0.0))
+    simulate_fleet(ts, "batch", 3, 0, 40, dataclasses.replace(model, stream_poll_s=None), strategy="random",
+                   clock=ticking(0.0))
     assert partly_read == 0  # a Pod's answers come with its end
     pods.clear()
-    run = simulate_fleet(ts, "batch", 3, 0, 40, dataclasses.replace(model, stream_poll_s=0.0), strategy="random",
-                         clock=ticking(0.0))
+    run = simulate_fleet(ts, "batch", 3, 0, 40, model, strategy="random", clock=ticking(0.0))
     assert len(run.order) == 40 == len(set(run.order.tolist()))
     assert partly_read > 0
 

@@ -8,9 +8,9 @@ from typing import Any
 import kopf
 import pytest
 
-from fleettune.controller import handlers
+from fleettune.controller import handlers, kube
 from fleettune.controller.handlers import OperatorState
-from fleettune.labels import MANAGED_BY, RUN_LABEL
+from fleettune.labels import BATCH_LABEL, MANAGED_BY, RUN_LABEL
 
 
 @pytest.fixture
@@ -116,3 +116,52 @@ def test_a_run_wakes_for_what_its_step_acts_on_in_a_job_not_for_every_update(wak
     for type_ in ("MODIFIED", "DELETED"):
         _job_event(memo, type_, {**ours, "status": {"conditions": [{"type": "Complete", "status": "True"}]}})
         assert not waker.is_set()
+
+
+class _Following:
+    """The part of `Kube` the Pod handler uses to read a Pod's answers."""
+
+    def __init__(self) -> None:
+        self.pods: list[str] = []
+        self.wakes: list[Any] = []
+
+    def follow_answers(self, pod: dict[str, Any], on_answer: Any) -> bool:
+        self.pods.append(pod["metadata"]["name"])
+        self.wakes.append(on_answer)
+        return True
+
+
+def test_a_running_batch_pods_answers_are_read_and_wake_its_run(waker: Any, memo: kopf.Memo) -> None:
+    following = _Following()
+    memo.fleettune._kube = following
+    labels = {MANAGED_BY: "fleettune", RUN_LABEL: "run", BATCH_LABEL: "true"}
+
+    async def play() -> None:
+        for pod in (_pod("Running", None), _pod("Pending", None)):
+            pod["metadata"]["labels"] = labels
+            await handlers.pod_event(event={"type": "MODIFIED", "object": pod}, namespace="ns", labels=labels,
+                                     memo=memo)
+        assert following.pods == ["p"] and not waker.is_set()  # only the running container's log
+        following.wakes[0]()  # an answer read, in the reader's thread
+        await asyncio.wait_for(waker.wait(), 1.0)
+        ended = _pod("Failed", 137)
+        ended["metadata"]["labels"] = labels
+        await handlers.pod_event(event={"type": "MODIFIED", "object": ended}, namespace="ns", labels=labels,
+                                 memo=memo)
+        assert not memo.fleettune.streamed.wanted("ns", "job-uid")  # its log says no more
+
+    asyncio.run(play())
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", 64), ("0", 0), ("8", 8)])
+def test_how_many_logs_are_read_comes_from_the_operators_environment(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                                     expected: int) -> None:
+    monkeypatch.setenv(kube.FOLLOW_ANSWERS_ENV, raw)
+    assert kube.follow_answers_from_env() == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "many", "2.5"])
+def test_a_bad_number_of_logs_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(kube.FOLLOW_ANSWERS_ENV, raw)
+    with pytest.raises(ValueError, match=f"^{kube.FOLLOW_ANSWERS_ENV}="):
+        kube.follow_answers_from_env()

@@ -80,11 +80,12 @@ class FleetModel:
     # the issue's model of a Pod; this adds it to every configuration's GPU time to see
     # how much the comparison leans on leaving it out.
     framework_on_gpu: bool = False
-    # None: the operator learns a batched Pod's answers when the Pod ends (its termination
-    # message, as it does today). A number: it also reads the answers a running Pod has
-    # printed so far (the job image's ``fleettune-answer`` log lines) at every step, and
-    # steps at every Pod end and at least every this many seconds (0: at once).
-    stream_poll_s: float | None = None
+    # The operator reads the answers a running batched Pod prints (the job image's
+    # ``fleettune-answer`` log lines) and steps at every Pod end and at least every this many
+    # seconds (0: at each answer, as the operator does: it follows the Pods' logs). None:
+    # it learns a Pod's answers when the Pod ends (its termination message; the operator
+    # with ``FLEETTUNE_FOLLOW_ANSWERS=0``, or before it followed logs).
+    stream_poll_s: float | None = 0.0
     # The operator's pruning (`kernel.pruneSlowerThan`): a configuration whose first
     # PRUNE_RUNS recorded runs have a median over this factor times the best time known when
     # its Pod was created is timed no further and not verified (those runs' share of its
@@ -1011,9 +1012,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cpus", type=int, default=8, help="CPU cores a batched Pod compiles on")
     p.add_argument("--pod-seconds", type=float, default=60.0, help="GPU time a batched Pod aims at")
     p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--stream-poll", type=float, default=None, metavar="S",
-                   help="the operator also reads running batched Pods' answers (their log lines) at every step, "
-                        "stepping at least every S seconds (0: at once); default: a Pod's answers when it ends")
+    stream = p.add_mutually_exclusive_group()
+    stream.add_argument("--stream-poll", type=float, default=0.0, metavar="S",
+                        help="the operator reads running batched Pods' answers (their log lines) at every step, "
+                             "stepping at least every S seconds (default 0: at each answer, as it does)")
+    stream.add_argument("--no-stream", dest="stream_poll", action="store_const", const=None,
+                        help="the operator learns a batched Pod's answers only when it ends "
+                             "(FLEETTUNE_FOLLOW_ANSWERS=0)")
     p.add_argument("--prune-slower-than", type=float, default=PRUNE_SLOWER_THAN, metavar="F",
                    help=f"as the operator's kernel.pruneSlowerThan: stop benchmarking a configuration after "
                         f"{PRUNE_RUNS} runs whose median is over F x the best time known when its Pod was created, "
@@ -1032,9 +1037,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _what_if(model: FleetModel) -> str:
     out = ""
-    if model.stream_poll_s is not None:
-        every = "at once" if model.stream_poll_s == 0 else f"every {model.stream_poll_s:g} s"
-        out += f", answers read from running Pods {every}"
+    if model.stream_poll_s is None:
+        out += ", answers read only when their Pod ends"
+    elif model.stream_poll_s:
+        out += f", answers read from running Pods every {model.stream_poll_s:g} s"
     if model.prune_slower_than != PRUNE_SLOWER_THAN:
         out += (f", benchmarks stopped after {PRUNE_RUNS} runs over {model.prune_slower_than:g} x the best"
                 if model.prune_slower_than else ", no pruning")

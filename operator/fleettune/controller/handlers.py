@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,8 +153,15 @@ async def pod_event(event: kopf.RawEvent, namespace: str | None, labels: kopf.La
         state.wake(run)
     elif run is not None and event.get("type") != "DELETED" and answers_in_log(pod):
         # Its answers as they are printed: the run learns each a Pod's length sooner.
-        loop = asyncio.get_running_loop()
-        state.kube.follow_answers(pod, lambda: loop.call_soon_threadsafe(state.wake, run))
+        state.kube.follow_answers(pod, _waker(asyncio.get_running_loop(), state, run))
+
+
+def _waker(loop: asyncio.AbstractEventLoop, state: OperatorState, uid: str) -> Callable[[], None]:
+    """Wake run ``uid`` from another thread (a log reader's)."""
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the operator is stopping
+            loop.call_soon_threadsafe(state.wake, uid)
+    return wake
 
 
 @kopf.on.event("", "v1", "nodes")

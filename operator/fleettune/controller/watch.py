@@ -195,7 +195,7 @@ def answers_in_log(pod: Mapping[str, Any]) -> bool:
         return False
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
-        c.get("name") == CONTAINER_NAME and (c.get("state") or {}).get("running")
+        c.get("name") == CONTAINER_NAME and "running" in (c.get("state") or {})
         for c in status.get("containerStatuses") or [])
 
 
