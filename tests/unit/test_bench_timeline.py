@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fleettune.optimize.batching import FIRST_CONFIGS
 from fleettune_dev.bench.timeline import (
     DEFAULT_SPACES,
     FLEET_MODES,
@@ -193,7 +194,7 @@ def test_batched_pods_follow_the_batch_size_rule(ts) -> None:
 
     model = FleetModel(CONSTANT, cpus=4, pod_seconds=1.0, max_batch=6)
     run = simulate_fleet(ts, "batch", 1, 2, 30, model, strategy="random", clock=ticking(0.0))
-    assert run.batches[0] == 1
+    assert run.batches[0] == min(FIRST_CONFIGS, model.max_batch)  # nothing measured: the first blind picks
     assert sum(run.batches) == len(run.order) == 30
     # On one GPU, every Pod's size is the rule applied to what the earlier Pods measured.
     done = 0
@@ -223,7 +224,8 @@ def test_suggestions_see_the_pending_configurations(ts, monkeypatch) -> None:
 
     monkeypatch.setattr(Study, "suggest", spy)
     simulate_fleet(ts, "batch", 3, 0, 30, FleetModel(CONSTANT, max_batch=4), strategy="random", clock=ticking(0.0))
-    assert seen[:3] == [0, 1, 2]  # three single-configuration Pods start together
+    k = FIRST_CONFIGS // 3
+    assert seen[:3] == [0, k, 2 * k]  # three Pods of the first blind picks start together
     assert max(seen) >= 4
 
 

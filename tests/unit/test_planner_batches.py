@@ -10,6 +10,7 @@ from fleet_double import FakeFleet
 from test_planner import DEFAULT, SPEC, timed
 
 from fleettune.jobs import entries_of, work_of
+from fleettune.optimize.batching import FIRST_CONFIGS
 from fleettune_job.protocol import Outcome, TrialResult
 
 
@@ -75,13 +76,16 @@ def test_a_learning_strategys_pods_ramp_up_with_its_results() -> None:
                         "budget": {**SPEC["budget"], "trialsPerTarget": 30, "parallelism": 2, "podSeconds": 20}},
                   measure=gpu_timed(2.0))
     sizes = run(f)
-    assert sizes[0] == [1, 1] and sizes[1] == [5, 5]  # 20 s / 2 s, capped for a 2 s start-up: 5
+    # Nothing measured: the first blind picks over the two Pods (the default in the first);
+    # then 20 s / 2 s, capped for a 2 s start-up: 5.
+    assert sizes[0] == [FIRST_CONFIGS // 2] * 2 and sizes[1] == [5, 5]
 
 
 def test_chosen_batches_aim_at_the_pod_duration_from_the_first_measurements() -> None:
     f = fleet(measure=gpu_timed(2.0), trialsPerTarget=40, parallelism=2, podSeconds=20)
     sizes = run(f)
-    assert sizes[0] == [1, 1]  # nothing measured yet: one configuration per Pod
+    assert sizes[0] == [FIRST_CONFIGS // 2] * 2  # nothing measured yet: the first blind picks
+    assert f.records_of()[0].config == DEFAULT  # the baseline first, in the first Pod
     later = [k for s in sizes[2:] for k in s]
     assert later and max(later) > 1 and max(later) <= 16
     assert sum(r.is_observation for r in f.records_of()) == 40

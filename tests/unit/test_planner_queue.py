@@ -26,7 +26,8 @@ def condition(f: FakeFleet, kind: str) -> dict[str, Any]:
 
 
 def test_queued_jobs_are_created_suspended_for_their_queue_and_wait_apart_from_running() -> None:
-    f = queued_fleet({"name": "gpu", "priorityClass": "tuning-low"}, parallelism=4)
+    # One configuration per Job, so that what waits and what runs count Jobs and trials alike.
+    f = queued_fleet({"name": "gpu", "priorityClass": "tuning-low"}, parallelism=4, trialsPerPod=1)
     (job,) = f.step().create  # nothing admitted yet: one Job waits, not the pool's parallelism
     labels = job["metadata"]["labels"]
     assert job["spec"]["suspend"] is True

@@ -480,11 +480,13 @@ class Planner:
     def _batch_sizes(self, pool: Pool, mine: Sequence[TrialRecord], slots: int, left: int,
                      default_first: bool, observed: int, outstanding: int) -> tuple[int, list[int]]:
         """The size the pool's Pods aim at, and the trials per new Pod, one size per free
-        slot, `left` at most in all. The default configuration runs alone first: it is the
-        baseline, and its time sizes the batches. No Pod takes more than the target's
-        results leave room for (`slow_start`) when the size is fixed and the strategy learns
-        from results: the chosen size keeps the Pods of a pool within MAX_OUTSTANDING
-        configurations already, and a ramp would only add start-ups (docs/bench-timeline.md)."""
+        slot, `left` at most in all. The default configuration (the baseline) goes first:
+        with a chosen size, in the first Pod, with the strategy's first (blind) picks
+        (`batch_size` with nothing measured); with a fixed one, alone. No Pod takes more than
+        the target's results leave room for (`slow_start`) when the size is fixed and the
+        strategy learns from results: the chosen size keeps the Pods of a pool within
+        MAX_OUTSTANDING configurations already, and a ramp would only add start-ups
+        (docs/bench-timeline.md)."""
         assert self.spec is not None and pool.study is not None
         budget = self.spec.budget
         ramp = budget.trials_per_pod is not None and pool.study.learns
@@ -492,9 +494,8 @@ class Planner:
             k = budget.trials_per_pod
         else:
             measured = [r.run_s for r in mine if r.run_s is not None and r.is_observation]
-            k = batch_size(measured, float(budget.pod_seconds), AUTO_MAX_BATCH, left,
-                           pods=budget.parallelism) if measured else 1
-        sizes = [1] if default_first else []
+            k = batch_size(measured, float(budget.pod_seconds), AUTO_MAX_BATCH, left, pods=budget.parallelism)
+        sizes = [1] if default_first and budget.trials_per_pod is not None else []
         left -= len(sizes)
         # Spread what is left of the budget over the free slots rather than filling the first.
         aim = k

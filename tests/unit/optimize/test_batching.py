@@ -7,13 +7,16 @@ import statistics
 
 import pytest
 
-from fleettune.optimize.batching import batch_size
+from fleettune.optimize.batching import FIRST_CONFIGS, batch_size
 
 
-def test_nothing_measured_takes_one_configuration() -> None:
-    assert batch_size([], 60.0, 16, 100) == 1
+def test_nothing_measured_takes_the_first_blind_picks_over_the_pods() -> None:
+    assert batch_size([], 60.0, 16, 100) == FIRST_CONFIGS
     # Nothing usable: failures that never reached the GPU report 0 or nan.
-    assert batch_size([0.0, math.nan, -1.0, math.inf], 60.0, 16, 100) == 1
+    assert batch_size([0.0, math.nan, -1.0, math.inf], 60.0, 16, 100) == FIRST_CONFIGS
+    assert batch_size([], 60.0, 16, 100, pods=4) == FIRST_CONFIGS // 4
+    assert batch_size([], 60.0, 16, 100, pods=4 * FIRST_CONFIGS) == 1  # at least one each
+    assert batch_size([], 60.0, 3, 100) == 3 and batch_size([], 60.0, 16, 2) == 2  # within the limits
 
 
 # A start-up that always pays to amortise: the aim alone decides.
