@@ -51,8 +51,9 @@ ALL_POOLS = ["a100", "rtx-a4000", "jetson-orin"]
 
 
 def _one_pool(name: str, target: str = "a100", **budget: int) -> dict[str, Any]:
-    """The example on one pool, random strategy (no model fits to wait for), no Jetson image."""
-    doc = example(name, **budget)
+    """The example on one pool, random strategy (no model fits to wait for), no Jetson image,
+    one configuration per Pod (the faults of one trial; a batch's: test_batch_faults.py)."""
+    doc = example(name, **{"trialsPerPod": 1, **budget})
     doc["spec"]["targets"] = [t for t in doc["spec"]["targets"] if t["name"] == target]
     doc["spec"]["strategy"] = {"name": "random", "seed": 3}
     return doc
@@ -396,7 +397,8 @@ def test_a_pool_scaled_to_zero_withdraws_its_pending_trial_when_no_node_comes(cl
             assert not jobs(cluster, namespace, "zero")
         assert len(ledger.uids) == 1, ledger.uids
         # Said at once ("1 waiting trial Job(s) withdrawn, …") and on every later step.
-        assert "1 configuration(s) back in the queue, none counted as failed" in target["message"]
+        # The pending Pod held the pool's first picks, the whole budget of 3: all back.
+        assert "3 configuration(s) back in the queue, none counted as failed" in target["message"]
         assert "Withdrawn: h: no node matches" in _events(cluster, namespace)
         assert not stored_records(cluster, namespace, "zero")
         assert target["completed"] == 0 and target.get("infraFailed", 0) == 0 and target.get("invalid", 0) == 0
@@ -423,7 +425,7 @@ def test_run_deleted_while_jobs_run_leaves_nothing_behind(cluster, namespace, op
         answered.add(trial.target)
         return ok_reply(trial)
 
-    doc = example("doomed", trialsPerTarget=50, parallelism=3)
+    doc = example("doomed", trialsPerTarget=50, parallelism=3, trialsPerPod=1)
     doc["spec"]["strategy"] = {"name": "random", "seed": 7}
     with JobLedger(cluster, namespace) as ledger, PodCompleter(cluster, namespace, policy) as completer:
         assert apply(cluster, namespace, doc).returncode == 0

@@ -216,7 +216,8 @@ def test_a_queue_that_admits_nothing_is_reported_and_nothing_fails(cluster, name
     cond = next(c for c in status["conditions"] if c["type"] == "QueueDelayed")
     assert cond["reason"] == "QueueWaitExceeded" and "LocalQueue gpu-tunning" in cond["message"], cond
     target = status["targets"][0]
-    assert (target["queued"], target["podsQueued"], target["running"]) == (1, 1, 0), target
+    # One Job waits, with the pool's first picks: the whole budget of 4.
+    assert (target["queued"], target["podsQueued"], target["running"]) == (4, 1, 0), target
     assert status["phase"] == "Running" and target["infraFailed"] == 0
     assert not stored_records(cluster, namespace, "typo")
     jobs = json.loads(cluster.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
