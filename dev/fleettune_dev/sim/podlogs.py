@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 GROUP, VERSION, PLURAL = "kwok.x-k8s.io", "v1alpha1", "logs"
 
 
-def cri_line(text: str, when: datetime | None = None) -> str:
-    """One line of the CRI log format kwok reads (plain lines it refuses)."""
-    stamp = (when or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def cri_line(text: str) -> str:
+    """One line of the CRI log format kwok reads (plain lines it refuses), stamped now."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return f"{stamp} stdout F {text}\n"
 
 
@@ -42,7 +42,6 @@ class PodLogs:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.enabled = True
-        self.written = 0
         self._heap: list[tuple[float, int, str, str]] = []  # (due, seq, Pod uid, line)
         self._paths: dict[str, Path] = {}  # Pod uid -> its file, while lines may still be due
         self._seq = itertools.count()
@@ -115,4 +114,3 @@ class PodLogs:
             if path is not None:
                 with path.open("a") as f:
                     f.write(cri_line(text))
-                self.written += 1

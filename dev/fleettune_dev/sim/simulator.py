@@ -195,7 +195,7 @@ class FleetSimulator:
 
     def __init__(self, kubeconfig: Path | str, fleet: Fleet, time_scale: float = 1.0, seed: int = 0, *,
                  compile_s: float = DEFAULT_COMPILE_S, label_selector: str = MANAGED_SELECTOR,
-                 workers: int = 16, startup: PodStartup | None = None, logs_dir: Path | None = None) -> None:
+                 workers: int = 16, startup: PodStartup | None = None) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         self.kubeconfig = Path(kubeconfig)
@@ -227,9 +227,8 @@ class FleetSimulator:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._models: dict[tuple[str, str], KernelModel] = {}
-        # Batch Pods' answer lines, served by kwok as their logs (default: a temporary folder).
-        self._own_logs_dir = logs_dir is None
-        self.podlogs = PodLogs(logs_dir or Path(tempfile.mkdtemp(prefix="fleettune-sim-logs-")))
+        # Batch Pods' answer lines, served by kwok as their logs (a folder of its own, removed at stop).
+        self.podlogs = PodLogs(Path(tempfile.mkdtemp(prefix="fleettune-sim-logs-")))
         # Node name -> uid, per the node watch; None until its first list.
         self._nodes: dict[str, str] | None = None
 
@@ -260,8 +259,7 @@ class FleetSimulator:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self.podlogs.stop()
-        if self._own_logs_dir:
-            shutil.rmtree(self.podlogs.directory, ignore_errors=True)
+        shutil.rmtree(self.podlogs.directory, ignore_errors=True)
 
     def __enter__(self) -> FleetSimulator:
         return self.start()

@@ -279,12 +279,13 @@ class Planner:
         for job, key, answered, back in plan.preempted:
             self.events.append(("Normal", "Preempted", f"{key}: trial Job {job} was preempted by its queue after "
                                 f"{answered} configuration(s); {back} go back to the pool, none counted as failed"))
-        durable = [*obs.records, *plan.records]
-        stored = {(r.round, r.target, r.index) for r in durable}
-        plan.early = [r for r in plan.early if (r.round, r.target, r.index) not in stored]
+        if plan.early:  # an answer already recorded is not early (a crash between two writes)
+            fresh = {(r.round, r.target, r.index) for r in plan.records}
+            plan.early = [r for r in plan.early
+                          if (stored := (r.round, r.target, r.index)) not in obs.stored and stored not in fresh]
         # What running Pods answered already counts for everything but the budget: the
         # studies learn from it and the status shows it now, a Pod's length sooner.
-        records = Records([*durable, *plan.early])
+        records = Records([*obs.records, *plan.records, *plan.early])
         early = {(r.target, r.index) for r in plan.early}
         self._feed_studies(records)
         for pool in self.pools.values():

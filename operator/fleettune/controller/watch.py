@@ -199,6 +199,13 @@ def answers_in_log(pod: Mapping[str, Any]) -> bool:
         for c in status.get("containerStatuses") or [])
 
 
+def _remember(entries: dict[Any, Any], key: Hashable, value: Any, limit: int) -> None:
+    """``entries[key] = value``, the oldest entry dropped past ``limit`` (dicts keep order)."""
+    entries[key] = value
+    if len(entries) > limit:
+        del entries[next(iter(entries))]
+
+
 def job_name_of(pod: Mapping[str, Any]) -> str | None:
     """The name of the Job a Pod belongs to (the Job controller's label)."""
     name = ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-name")
@@ -256,18 +263,14 @@ class EndedPods:
             body = dict(pod)
             if key in self._pods or key in self._gone or not decisive_end(body):
                 return False
-            if len(self._pods) >= self.MAX_ENTRIES:
-                del self._pods[next(iter(self._pods))]
-            self._pods[key] = body
+            _remember(self._pods, key, body, self.MAX_ENTRIES)
             return True
 
     def job_deleted(self, namespace: str, job_uid: str | None) -> None:
         if job_uid:
             with self._lock:
                 self._pods.pop((namespace, job_uid), None)
-                self._gone[(namespace, job_uid)] = None
-                if len(self._gone) > self.MAX_ENTRIES:
-                    del self._gone[next(iter(self._gone))]
+                _remember(self._gone, (namespace, job_uid), None, self.MAX_ENTRIES)
 
     def get(self, namespace: str, job_uid: str | None) -> dict[str, Any] | None:
         if not job_uid:
@@ -282,7 +285,7 @@ class EndedPods:
 
 class StreamedAnswers:
     """The answers running batch Pods have printed so far (their ``fleettune-answer`` log
-    lines), by namespace and Job name, then entry index: what a run learns before the Pod
+    lines), by namespace and the uid of the Job that owns the Pod, then entry index: what a run learns before the Pod
     ends and its termination message brings the same answers to the store.
 
     A Pod's log is read as it is written (`fleettune.controller.kube.Kube.follow_answers`);
@@ -305,9 +308,7 @@ class StreamedAnswers:
         with self._lock:
             if pod_uid in self._claimed or (namespace, job_uid) in self._gone:
                 return False
-            self._claimed[pod_uid] = None
-            if len(self._claimed) > self.MAX_JOBS:
-                del self._claimed[next(iter(self._claimed))]
+            _remember(self._claimed, pod_uid, None, self.MAX_JOBS)
             return True
 
     def wanted(self, namespace: str, job_uid: str) -> bool:
@@ -320,9 +321,7 @@ class StreamedAnswers:
         keep what it printed (until the Job's records are stored)."""
         if job_uid:
             with self._lock:
-                self._ended[(namespace, job_uid)] = None
-                if len(self._ended) > self.MAX_JOBS:
-                    del self._ended[next(iter(self._ended))]
+                _remember(self._ended, (namespace, job_uid), None, self.MAX_JOBS)
 
     def add(self, namespace: str, job_uid: str, answer: Answer) -> bool:
         """An answer printed by a Pod of the Job; True when it is new (the first for its index)."""
@@ -332,9 +331,8 @@ class StreamedAnswers:
                 return False
             answers = self._answers.get(key)
             if answers is None:
-                if len(self._answers) >= self.MAX_JOBS:
-                    del self._answers[next(iter(self._answers))]
-                answers = self._answers[key] = {}
+                answers = {}
+                _remember(self._answers, key, answers, self.MAX_JOBS)
             if answer.i in answers:
                 return False
             answers[answer.i] = answer
@@ -349,6 +347,4 @@ class StreamedAnswers:
             return
         with self._lock:
             self._answers.pop((namespace, job_uid), None)
-            self._gone[(namespace, job_uid)] = None
-            if len(self._gone) > self.MAX_JOBS:
-                del self._gone[next(iter(self._gone))]
+            _remember(self._gone, (namespace, job_uid), None, self.MAX_JOBS)
