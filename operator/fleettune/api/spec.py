@@ -283,7 +283,8 @@ class BudgetSpec(Model):
         default=None, ge=1, le=MAX_BATCH,
         description="Configurations one trial Pod measures (one Pod start-up, one CUDA context; compiles run "
         "ahead on the node's CPUs). Unset: chosen per pool from its first measurements, for about podSeconds "
-        "of GPU work per Pod, at most 16 (the first Pods, before any measurement, share the default configuration "
+        "of GPU work per Pod, at most 16 per Pod and 32 between a pool's running Pods (the first Pods, before any "
+        "measurement, share the default configuration "
         "and the strategy's first 7 picks). 1: one configuration per Pod (the most isolation). With a strategy "
         "that learns from results (not random), a target's first Pods ramp up to this size as results arrive: "
         "never more configurations outstanding than half those measured.",

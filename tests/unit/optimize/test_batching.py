@@ -71,8 +71,9 @@ def test_rejects_max_batch_below_one() -> None:
 def test_pods_of_a_target_share_the_outstanding_configurations() -> None:
     from fleettune.optimize.batching import MAX_OUTSTANDING
 
-    assert batch_size([0.01], 60.0, 16, 1000, pods=1) == MAX_OUTSTANDING
+    assert batch_size([0.01], 60.0, 16, 1000, pods=1) == min(16, MAX_OUTSTANDING)
     assert batch_size([0.01], 60.0, 16, 1000, pods=4) == MAX_OUTSTANDING // 4
+    assert batch_size([0.01], 60.0, 64, 1000, pods=1) == MAX_OUTSTANDING
     assert batch_size([0.01], 60.0, 16, 1000, pods=64) == 1  # never fewer than one each
     with pytest.raises(ValueError):
         batch_size([0.01], 60.0, 16, 10, pods=0)
