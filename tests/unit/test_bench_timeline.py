@@ -140,6 +140,13 @@ def test_compiles_run_ahead_on_the_cores() -> None:
     assert work == pytest.approx(0.3)
 
 
+def test_the_replay_compiles_in_as_many_processes_as_the_job_image() -> None:
+    from fleettune_job.ahead import compile_workers
+
+    # A node with cores to spare: the image's pool is as large as it gets.
+    assert FleetModel().cpus == compile_workers({}, cpus=64)
+
+
 def test_pod_schedule_bounds() -> None:
     rng = np.random.default_rng(11)
     for _ in range(200):

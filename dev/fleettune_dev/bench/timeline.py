@@ -48,6 +48,7 @@ from fleettune.jobs import prune_above_ms
 from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay
 from fleettune_dev.sim.answer import pruned_result, scaled_runs
 from fleettune_dev.sim.startup import PodStartup
+from fleettune_job.ahead import MAX_COMPILE_WORKERS
 from fleettune_job.protocol import PRUNE_RUNS, Outcome
 from fleettune_job.timing import pruned_after
 
@@ -73,7 +74,9 @@ class FleetModel:
     """What the fleet modes assume besides the recording (docs/bench-timeline.md)."""
 
     startup: PodStartup = field(default_factory=PodStartup)
-    cpus: int = 8  # CPU cores a batched Pod compiles on
+    # Compile processes of a batched Pod: what the job image runs on a node with cores to
+    # spare (one per core but one, at most MAX_COMPILE_WORKERS).
+    cpus: int = MAX_COMPILE_WORKERS
     pod_seconds: float = 60.0  # GPU time a batched Pod aims at
     max_batch: int = 16
     # Kernel Tuner's per-configuration overhead (argument set-up, cache writes) is not in
@@ -923,10 +926,11 @@ def _why_per_eval(ts: TimedSpace | None, model: FleetModel) -> str:
     compile_per = float(np.median(ts.compile_s[ok])) / model.cpus
     gpu = float(np.median(ts.gpu_s(model.framework_on_gpu)[ok]))
     if compile_per > gpu:
-        return (f"{ts.name}: compile-bound — median compile {np.median(ts.compile_s[ok]):.2f} s on {model.cpus} "
-                f"cores = {compile_per:.2f} s per configuration > median GPU time {gpu:.3f} s: the GPU waits "
+        return (f"{ts.name}: compile-bound — median compile {np.median(ts.compile_s[ok]):.2f} s in {model.cpus} "
+                f"processes = {compile_per:.2f} s per configuration > median GPU time {gpu:.3f} s: the GPU waits "
                 "for compiles")
-    return f"{ts.name}: median GPU time {gpu:.3f} s, compile {compile_per:.3f} s per core-share; the start-up dominates"
+    return (f"{ts.name}: median GPU time {gpu:.3f} s, compile {compile_per:.3f} s per configuration in "
+            f"{model.cpus} processes; the start-up dominates")
 
 
 def _why_slow(r: dict[str, Any], ts: TimedSpace | None, model: FleetModel) -> str:
@@ -1009,7 +1013,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--option", action="append", default=[], help="fleettune strategy option KEY=VALUE")
     p.add_argument("--startup-p50", type=float, default=2.0, help="Pod + CUDA start-up median, s")
     p.add_argument("--startup-p99", type=float, default=5.0, help="Pod + CUDA start-up 99th percentile, s")
-    p.add_argument("--cpus", type=int, default=8, help="CPU cores a batched Pod compiles on")
+    p.add_argument("--cpus", type=int, default=MAX_COMPILE_WORKERS,
+                   help="compile processes of a batched Pod (default: the job image's most, %(default)s)")
     p.add_argument("--pod-seconds", type=float, default=60.0, help="GPU time a batched Pod aims at")
     p.add_argument("--max-batch", type=int, default=16)
     stream = p.add_mutually_exclusive_group()
@@ -1105,7 +1110,7 @@ def main(argv: list[str]) -> int:
     summaries = [summarise(ms) for ms in groups.values()]
     print(f"fleettune bench timeline: {len(caches)} spaces, seeds {args.first_seed}..{seeds[-1]}, budget "
           f"{args.budget}, GPUs {gpus}, stop at {stop_at}; start-up p50 {model.startup.p50_s:g} s p99 "
-          f"{model.startup.p99_s:g} s, {model.cpus} compile cores, Pods aim at {model.pod_seconds:g} s, "
+          f"{model.startup.p99_s:g} s, {model.cpus} compile processes, Pods aim at {model.pod_seconds:g} s, "
           f"batches ≤ {model.max_batch}{', framework time on the GPU' if model.framework_on_gpu else ''}"
           f"{_what_if(model)}; "
           f"{len(jobs)} runs ({resumed} from --traces), {elapsed:.0f} s\n")
