@@ -21,10 +21,10 @@ __all__ = ["batch_size", "queue_slots", "slow_start"]
 
 
 # Configurations of one pool chosen without each other's results, all Pods together: 8 per
-# Pod on four GPUs. More blind picks cost evaluations, fewer cost start-ups: since the
-# operator reads each answer as it is printed, 32 beat 16 and 24 on four GPUs (mean
-# wall-clock ratio to Kernel Tuner 0.233 against 0.263 and 0.243, 30 seeds), and 64 searched
-# worse (docs/bench-timeline.md). A one-GPU pool is held by the batch cap (16) instead.
+# Pod on four GPUs. More blind picks cost evaluations, fewer cost start-ups; since the
+# operator reads each answer as it is printed, 32 beat 16, 24 and 64 on four GPUs in
+# `fleettune bench timeline` (docs/bench-timeline.md). A one-GPU pool is held by the batch
+# cap (16) instead.
 MAX_OUTSTANDING = 32
 # A batch is only as large as it takes for the Pod's start-up to cost at most this share of
 # its GPU work: past that, a longer batch saves little and delays the results the search
