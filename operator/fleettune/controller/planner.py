@@ -282,7 +282,7 @@ class Planner:
         if plan.early:  # an answer already recorded is not early (a crash between two writes)
             fresh = {(r.round, r.target, r.index) for r in plan.records}
             plan.early = [r for r in plan.early
-                          if (stored := (r.round, r.target, r.index)) not in obs.stored and stored not in fresh]
+                          if (where := (r.round, r.target, r.index)) not in obs.stored and where not in fresh]
         # What running Pods answered already counts for everything but the budget: the
         # studies learn from it and the status shows it now, a Pod's length sooner.
         records = Records([*obs.records, *plan.records, *plan.early])

@@ -285,8 +285,9 @@ class EndedPods:
 
 class StreamedAnswers:
     """The answers running batch Pods have printed so far (their ``fleettune-answer`` log
-    lines), by namespace and the uid of the Job that owns the Pod, then entry index: what a run learns before the Pod
-    ends and its termination message brings the same answers to the store.
+    lines), by namespace and the uid of the Job that owns the Pod, then entry index: what
+    a run learns before the Pod ends and its termination message brings the same answers
+    to the store.
 
     A Pod's log is read as it is written (`fleettune.controller.kube.Kube.follow_answers`);
     an entry leaves with its Job (its watch event). The size bound only guards against

@@ -39,9 +39,8 @@ RAMP_SHARE = 0.5
 # them. What a strategy picks before its first result (a space-filling design, a first
 # population, random draws) is blind anyway, and the operator reads each answer as it is
 # printed, so a longer first Pod holds back no result; it saves the start-ups of the Pods
-# that would otherwise measure them one by one. In `fleettune bench timeline` (1 GPU, 30
-# seeds) 8 took the mean wall-clock ratio to Kernel Tuner from 0.476 to 0.43, and 4 to 0.44
-# (docs/bench-timeline.md).
+# that would otherwise measure them one by one. 8 beat 4 and one at a time in
+# `fleettune bench timeline` (docs/bench-timeline.md).
 FIRST_CONFIGS = 8
 
 
