@@ -77,8 +77,8 @@ class BayesOptions(StrategyOptions):
     )
     prior_top: int = integer(3, "With warm-start data, first re-measure this many of the best prior configurations.")
     prior_paths: int = integer(
-        3, "With warm-start data, then probe this many other code paths, two configurations each (see "
-        "WarmStart.path_probes); 0: none.", low=0,
+        3, "With warm-start data, then probe this many other code paths, two configurations each, and the prior "
+        "model's best on as many more (see WarmStart.path_probes); 0: none.", low=0,
     )
     prior_patience: int = integer(
         15, "With warm-start data, a study that goes this many evaluations without improving drops the prior for "

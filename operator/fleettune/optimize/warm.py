@@ -253,7 +253,7 @@ class WarmStart:
             return self.design(history, pending, available)
         n_current = int((history.task == 1).sum()) + len(pending)
         contrast = CONTRAST if self.trust is not None else 0
-        if n_current >= self.top + contrast + 2 * self.paths:
+        if n_current >= self.top + contrast + 3 * self.paths:  # at most 3 * paths probes
             return _none()
         prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
         order = history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
@@ -311,12 +311,15 @@ class WarmStart:
     def path_probes(self, history: History, best: int) -> np.ndarray:
         """Two probes in each of the ``paths`` code paths (`features.switches`) other
         than ``best``'s whose best is predicted fastest: ``best`` moved onto the path,
-        and the prior model's best there.
+        and the prior model's best there; then the prior model's best on each of the
+        next ``paths`` paths.
 
         A new GPU often favours another code path (shared memory or not, another block
         shape): sometimes the prior's best with the path switched is the good probe,
         sometimes the prior model's best on that path. Either shows the residual model
-        where the prior is wrong."""
+        where the prior is wrong. The paths the prior ranks next get one probe each: on
+        another GPU the fast path is often one the prior ranks fourth or fifth, among
+        paths whose best it predicts within a few per cent of each other."""
         k = self.paths
         cols = list(self.candidates.switches)
         if k <= 0 or not cols:
@@ -328,13 +331,15 @@ class WarmStart:
         _, first = np.unique(path[order], return_index=True)
         leaders = order[first]  # the predicted best of each path
         leaders = leaders[np.isfinite(mean[leaders]) & (path[leaders] != path[best])]
+        ranked = leaders[np.argsort(mean[leaders], kind="stable")]
         out: list[int] = []
-        for c in leaders[np.argsort(mean[leaders], kind="stable")][:k]:
+        for c in ranked[:k]:
             moved = self.candidates.rows[best].copy()
             moved[cols] = keys[path[c]]
             for probe in (int(self.candidates.lookup(moved)[0]), int(c)):
                 if probe >= 0 and probe not in out:
                     out.append(probe)
+        out.extend(int(c) for c in ranked[k : 2 * k])
         return np.array(out, dtype=np.int64)
 
     def _code_paths(self, cols: list[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -99,6 +99,28 @@ def test_a_warm_study_measures_the_prior_best_probes_and_contrast_first(space) -
     assert not set(cand[5:]) & set(probes) and len(set(cand)) == len(cand)
 
 
+def test_every_other_code_path_gets_a_probe(space) -> None:
+    """Five code paths besides the prior best's (layout × unroll): the three the prior
+    ranks first get its best moved onto them and the prior model's best there (one
+    configuration where the two coincide), the other two the prior model's best, so a
+    path the prior ranks low is measured before the model leads."""
+    study = _fed(space, _prior(space, lambda c: 1.7 * objective(c)), 0)
+    warm = study.strategy.warm
+    best = int(study.history.cand[np.argmin(study.history.value[:study.n_prior])])
+    probes = warm.path_probes(study.history, best)
+
+    def paths(idx: np.ndarray) -> list[tuple]:
+        return [(c["layout"], c["unroll"]) for c in space.to_configs(study.candidates.rows[idx])]
+
+    (own,) = paths(np.array([best]))
+    assert own not in paths(probes) and len(set(paths(probes))) == 5
+    assert len(set(probes.tolist())) == len(probes)
+    # The last two are one probe each on the paths the prior ranks fourth and fifth.
+    assert not set(paths(probes[-2:])) & set(paths(probes[:-2])) and len(set(paths(probes[-2:]))) == 2
+    warm.paths = 1
+    assert len(set(paths(warm.path_probes(study.history, best)))) == 2
+
+
 def test_a_matching_prior_keeps_its_influence(space) -> None:
     """A sibling pool 1.7 times slower everywhere: its weight stays whole, and its prior
     part of the model is the prior GP's mean unscaled."""
