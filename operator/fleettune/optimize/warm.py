@@ -253,7 +253,7 @@ class WarmStart:
             return self.design(history, pending, available)
         n_current = int((history.task == 1).sum()) + len(pending)
         contrast = CONTRAST if self.trust is not None else 0
-        if n_current >= self.top + contrast + 3 * self.paths:  # at most 3 * paths probes
+        if n_current >= self.top + contrast + 3 * self.paths:  # path_probes gives at most 3 * paths
             return _none()
         prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
         order = history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
@@ -317,9 +317,9 @@ class WarmStart:
         A new GPU often favours another code path (shared memory or not, another block
         shape): sometimes the prior's best with the path switched is the good probe,
         sometimes the prior model's best on that path. Either shows the residual model
-        where the prior is wrong. The paths the prior ranks next get one probe each: on
-        another GPU the fast path is often one the prior ranks fourth or fifth, among
-        paths whose best it predicts within a few per cent of each other."""
+        where the prior is wrong. The paths the prior ranks next get one probe each: where
+        it predicts several paths' bests within a few per cent of each other, which of
+        them it ranks first is its noise, and another GPU's fast path can be fourth."""
         k = self.paths
         cols = list(self.candidates.switches)
         if k <= 0 or not cols:
