@@ -80,6 +80,12 @@ class BayesOptions(StrategyOptions):
         3, "With warm-start data, then probe this many other code paths, two configurations each, and the prior "
         "model's best on as many more (see WarmStart.path_probes); 0: none.", low=0,
     )
+    prior_combine: bool = boolean(
+        True, "With warm-start data, once the prior's best and the first code path's probes are measured, "
+        "measure the prior's best with the moves of its two fastest one-move variants applied together, when "
+        "both measured faster than it here: another GPU often moves the optimum by two changes that each help "
+        "only a little alone (see WarmStart.combination).",
+    )
     prior_patience: int = integer(
         15, "With warm-start data, a study that goes this many evaluations without improving drops the prior for "
         "good; 0: never.", low=0,
@@ -163,7 +169,7 @@ class BayesOpt(Strategy):
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
         o = self.options
         self.warm = WarmStart(
-            candidates, self._features, self.fitting, top=o.prior_top, paths=o.prior_paths,
+            candidates, self._features, self.fitting, top=o.prior_top, paths=o.prior_paths, combine=o.prior_combine,
             patience=o.prior_patience, gain=o.min_gain, residual=o.warm_model == "residual", fit_iter=o.fit_iter,
         )
 

@@ -2,8 +2,9 @@
 results of another pool, driver or problem size).
 
 The best prior configurations are measured first, then probes of the other code paths
-the prior may have wrongly ruled out (`WarmStart.path_probes`) with a few space-filling
-points among them; then this pool's log times are modelled as the prediction of a GP
+the prior may have wrongly ruled out (`WarmStart.path_probes`) and the prior best's two
+helping moves combined (`WarmStart.combination`), with a few space-filling points among
+them; then this pool's log times are modelled as the prediction of a GP
 fitted to the prior alone, shifted by their mean offset, plus a residual GP fitted to
 this pool's data (the "residual" warm model).
 
@@ -119,6 +120,7 @@ class WarmStart:
         *,
         top: int,
         paths: int,
+        combine: bool,
         patience: int,
         gain: float,
         residual: bool,
@@ -128,7 +130,7 @@ class WarmStart:
         self.candidates = candidates
         self._features = features
         self._fitting = fitting
-        self.top, self.paths, self.patience, self.gain = top, paths, patience, gain
+        self.top, self.paths, self.combine, self.patience, self.gain = top, paths, combine, patience, gain
         self.residual_model, self.fit_iter = residual, fit_iter
         self.trust = trust  # None: the prior keeps its full weight (the behaviour before issue 18)
         self._prior: tuple[int, Posterior, float, float] | None = None
@@ -239,7 +241,8 @@ class WarmStart:
     def seeds(self, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
         """While this study has measured fewer than ``top`` points, the contrast and the
         probes of other code paths: the ``top`` best prior configurations, the first code
-        path's two probes (`path_probes`), `CONTRAST` space-filling points, the other
+        path's two probes (`path_probes`), the combination of the prior best's improving
+        moves (`combination`, with ``combine``), `CONTRAST` space-filling points, the other
         probes. Once the prior has lost its weight (`PriorTrust`): the rest of a cold
         study's design instead (`design`).
 
@@ -253,7 +256,7 @@ class WarmStart:
             return self.design(history, pending, available)
         n_current = int((history.task == 1).sum()) + len(pending)
         contrast = CONTRAST if self.trust is not None else 0
-        if n_current >= self.top + contrast + 3 * self.paths:  # path_probes gives at most 3 * paths
+        if n_current >= self.top + contrast + 3 * self.paths + 1:  # path_probes: at most 3 * paths; combination: 1
             return _none()
         prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
         order = history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
@@ -271,9 +274,16 @@ class WarmStart:
                     out.append(int(c))
 
         first = min(2, len(probes))  # the first code path's probes, then the contrast
+        combo = self.combination(history, int(order[0])) if self.combine else None
+        if combo is not None and (combo in order[: self.top] or combo in probes[:first]):
+            combo = None
+        extra = int(combo is not None)
+        budget += extra
         walk(order[: self.top], budget)
         walk(probes[:first], budget)
-        left = contrast - max(0, n_current - self.top - first)
+        if combo is not None and n_current + len(out) >= self.top + first:
+            walk(np.array([combo]), budget)
+        left = contrast - max(0, n_current - self.top - first - extra)
         if left > 0 and len(out) < budget:
             free = available.copy()
             free[np.asarray(out, dtype=np.int64)] = False
@@ -281,6 +291,39 @@ class WarmStart:
             out.extend(int(c) for c in self._maximin(history, taken, free, min(left, budget - len(out))))
         walk(np.concatenate([probes, order[self.top :]]), budget)
         return np.array(out, dtype=np.int64)
+
+    def combination(self, history: History, best: int) -> int | None:
+        """The prior's best configuration ``best`` with the moves of its two fastest
+        one-move variants applied together, when both variants measured faster than it
+        here, among this study's first ``top`` + 2 measurements (the prior's best and the
+        first code path's probes); None when there is no such pair or no such candidate.
+
+        Another GPU often moves the optimum by two changes that each help only a little
+        alone (a wider vector, and no staging through shared memory), together much more.
+        The residual model cannot see it: the prior rates the combination low, and this
+        pool has measured each change only without the other. It is the pattern move of a
+        coordinate search, taken once, where the prior's top tells which moves to try."""
+        own = np.flatnonzero(history.task == 1)[: self.top + 2]
+        own = own[history.feasible[own] & (history.cand[own] >= 0)]
+        at = own[history.cand[own] == best]
+        if len(at) == 0:
+            return None
+        rows = self.candidates.rows
+        base, t0 = rows[best], float(history.value[at[0]])
+        moves: list[tuple[float, int, int]] = []
+        for i in own:
+            diff = np.flatnonzero(rows[history.cand[i]] != base)
+            if len(diff) == 1 and history.value[i] < t0:
+                moves.append((float(history.value[i]), int(diff[0]), int(rows[history.cand[i], diff[0]])))
+        moves.sort()
+        other = [m for m in moves[1:] if m[1] != moves[0][1]] if moves else []
+        if not other:
+            return None
+        moved = base.copy()
+        for _, col, value in (moves[0], other[0]):
+            moved[col] = value
+        c = int(self.candidates.lookup(moved)[0])
+        return c if c >= 0 else None
 
     def design(self, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
         """Once the prior has lost its weight: the rest of a cold study's space-filling

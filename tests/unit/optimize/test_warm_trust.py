@@ -121,6 +121,47 @@ def test_every_other_code_path_gets_a_probe(space) -> None:
     assert len(set(paths(warm.path_probes(study.history, best)))) == 2
 
 
+def test_two_moves_that_help_alone_are_measured_together(space) -> None:
+    """Here two changes to the prior's best each help a little (a larger tile, a taller
+    block) and together a lot, where the prior rates the pair slow. Once the prior's
+    best and two such variants of it are measured, the combination is the next pick
+    after the prior's other best and the first code path's probes; a variant slower than
+    the prior's best is no move worth combining, and ``prior_combine=False`` leaves the
+    picks as they were."""
+    prior = _prior(space, lambda c: 1.7 * objective(c))
+    best = min((p for p in prior if p[2] is not None), key=lambda p: p[2])[0]
+    tile, by = {**best, "tile": best["tile"] + 1}, {**best, "by": best["by"] * 2}
+    both = {**best, "tile": best["tile"] + 1, "by": best["by"] * 2}
+
+    def fed(times: dict[str, float], **options) -> Study:
+        study = Study(space, seed=4, prior=prior, options={**FAST, **options})
+        for c, name in ((best, "best"), (tile, "tile"), (by, "by")):
+            study.observe(c, Outcome.OK, times[name])
+        return study
+
+    def cand(study: Study, c: dict) -> int:
+        return int(study.candidates.lookup(np.asarray(space.to_rows([c]), dtype=np.int32))[0])
+
+    helped = {"best": 2.0, "tile": 1.9, "by": 1.8}
+    study = fed(helped)
+    warm, none = study.strategy.warm, np.zeros(0, dtype=np.int64)
+    combo = cand(study, both)
+    assert warm.combination(study.history, cand(study, best)) == combo
+    prior_idx = np.arange(study.n_prior)
+    top = study.history.cand[prior_idx[np.argsort(study.history.value[:study.n_prior], kind="stable")][:3]]
+    first = [*top, *warm.path_probes(study.history, cand(study, best))[:2]]
+    assert combo not in first, "the test's combination must be one the prior does not pick first"
+    before = [int(c) for c in dict.fromkeys(first) if not study._observed[c]]
+    picks = warm.seeds(study.history, none, ~study._observed)
+    assert picks[: len(before) + 1].tolist() == [*before, combo]
+
+    hurt = fed({**helped, "by": 2.1})
+    assert hurt.strategy.warm.combination(hurt.history, cand(hurt, best)) is None
+    off = fed(helped, prior_combine=False)
+    off_picks = off.strategy.warm.seeds(off.history, none, ~off._observed)
+    assert combo not in off_picks and off_picks[: len(before)].tolist() == before
+
+
 def test_a_matching_prior_keeps_its_influence(space) -> None:
     """A sibling pool 1.7 times slower everywhere: its weight stays whole, and its prior
     part of the model is the prior GP's mean unscaled."""
