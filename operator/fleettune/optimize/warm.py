@@ -274,7 +274,7 @@ class WarmStart:
                     out.append(int(c))
 
         first = min(2, len(probes))  # the first code path's probes, then the contrast
-        combo = self.combination(history, int(order[0])) if self.combine else None
+        combo = self.combination(history, int(order[0]), self.top + first) if self.combine else None
         if combo is not None and (combo in order[: self.top] or combo in probes[:first]):
             combo = None
         extra = int(combo is not None)
@@ -292,18 +292,22 @@ class WarmStart:
         walk(np.concatenate([probes, order[self.top :]]), budget)
         return np.array(out, dtype=np.int64)
 
-    def combination(self, history: History, best: int) -> int | None:
+    def combination(self, history: History, best: int, among: int) -> int | None:
         """The prior's best configuration ``best`` with the moves of its two fastest
         one-move variants applied together, when both variants measured faster than it
-        here, among this study's first ``top`` + 2 measurements (the prior's best and the
-        first code path's probes); None when there is no such pair or no such candidate.
+        here, among this study's first ``among`` measurements (the prior's best and the
+        first code path's probes); None until they are all measured, or when there is no
+        such pair or no such candidate. Fixed by those measurements, so a study makes at
+        most one such pick, in batches too.
 
         Another GPU often moves the optimum by two changes that each help only a little
         alone (a wider vector, and no staging through shared memory), together much more.
         The residual model cannot see it: the prior rates the combination low, and this
         pool has measured each change only without the other. It is the pattern move of a
         coordinate search, taken once, where the prior's top tells which moves to try."""
-        own = np.flatnonzero(history.task == 1)[: self.top + 2]
+        own = np.flatnonzero(history.task == 1)[:among]
+        if len(own) < among:
+            return None
         own = own[history.feasible[own] & (history.cand[own] >= 0)]
         at = own[history.cand[own] == best]
         if len(at) == 0:

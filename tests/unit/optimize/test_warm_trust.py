@@ -123,9 +123,10 @@ def test_every_other_code_path_gets_a_probe(space) -> None:
 
 def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     """Here two changes to the prior's best each help a little (a larger tile, a taller
-    block) and together a lot, where the prior rates the pair slow. Once the prior's
-    best and two such variants of it are measured, the combination is the next pick
-    after the prior's other best and the first code path's probes; a variant slower than
+    block) and together a lot, where the prior rates the pair slow. Once the first five
+    measurements are in (the prior's best, two such variants of it, two far from it),
+    the combination is the next pick after the prior's other best and the first code
+    path's probes; a variant slower than
     the prior's best is no move worth combining, and ``prior_combine=False`` leaves the
     picks as they were."""
     prior = _prior(space, lambda c: 1.7 * objective(c))
@@ -133,10 +134,17 @@ def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     tile, by = {**best, "tile": best["tile"] + 1}, {**best, "by": best["by"] * 2}
     both = {**best, "tile": best["tile"] + 1, "by": best["by"] * 2}
 
+    far = [{"bx": 16, "by": 16, "tile": 1, "layout": "a", "unroll": False},
+           {"bx": 16, "by": 1, "tile": 2, "layout": "c", "unroll": False}]
+
     def fed(times: dict[str, float], **options) -> Study:
+        """The first five measurements (those the combination is drawn from): the
+        prior's best, its two variants, two configurations far from it."""
         study = Study(space, seed=4, prior=prior, options={**FAST, **options})
         for c, name in ((best, "best"), (tile, "tile"), (by, "by")):
             study.observe(c, Outcome.OK, times[name])
+        for c in far:
+            study.observe(c, Outcome.OK, 5.0)
         return study
 
     def cand(study: Study, c: dict) -> int:
@@ -146,7 +154,8 @@ def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     study = fed(helped)
     warm, none = study.strategy.warm, np.zeros(0, dtype=np.int64)
     combo = cand(study, both)
-    assert warm.combination(study.history, cand(study, best)) == combo
+    assert warm.combination(study.history, cand(study, best), 5) == combo
+    assert warm.combination(study.history.prefix(study.n_prior + 4), cand(study, best), 5) is None  # not all in yet
     prior_idx = np.arange(study.n_prior)
     top = study.history.cand[prior_idx[np.argsort(study.history.value[:study.n_prior], kind="stable")][:3]]
     first = [*top, *warm.path_probes(study.history, cand(study, best))[:2]]
@@ -156,7 +165,7 @@ def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     assert picks[: len(before) + 1].tolist() == [*before, combo]
 
     hurt = fed({**helped, "by": 2.1})
-    assert hurt.strategy.warm.combination(hurt.history, cand(hurt, best)) is None
+    assert hurt.strategy.warm.combination(hurt.history, cand(hurt, best), 5) is None
     off = fed(helped, prior_combine=False)
     off_picks = off.strategy.warm.seeds(off.history, none, ~off._observed)
     assert combo not in off_picks and off_picks[: len(before)].tolist() == before
