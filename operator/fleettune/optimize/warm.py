@@ -281,7 +281,7 @@ class WarmStart:
         budget += extra
         walk(order[: self.top], budget)
         walk(probes[:first], budget)
-        if combo is not None and n_current + len(out) >= self.top + first:
+        if combo is not None:  # only once the prior's best and these probes are measured
             walk(np.array([combo]), budget)
         left = contrast - max(0, n_current - self.top - first - extra)
         if left > 0 and len(out) < budget:

@@ -126,9 +126,8 @@ def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     block) and together a lot, where the prior rates the pair slow. Once the first five
     measurements are in (the prior's best, two such variants of it, two far from it),
     the combination is the next pick after the prior's other best and the first code
-    path's probes; a variant slower than
-    the prior's best is no move worth combining, and ``prior_combine=False`` leaves the
-    picks as they were."""
+    path's probes; a variant slower than the prior's best is no move worth combining,
+    and ``prior_combine=False`` leaves the picks as they were."""
     prior = _prior(space, lambda c: 1.7 * objective(c))
     best = min((p for p in prior if p[2] is not None), key=lambda p: p[2])[0]
     tile, by = {**best, "tile": best["tile"] + 1}, {**best, "by": best["by"] * 2}
