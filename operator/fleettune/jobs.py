@@ -31,6 +31,7 @@ from fleettune.labels import (
     TARGET_LABEL,
     TRIAL_LABEL,
 )
+from fleettune.metrics import parse_time
 from fleettune.names import label_value
 from fleettune_job.protocol import (
     CONTAINER_NAME,
@@ -45,6 +46,14 @@ from fleettune_job.protocol import (
 # The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
 # deadline is only a backstop, so it also allows for image pulls and start-up.
 STARTUP_ALLOWANCE_S = 120
+# The Job controller ends a Job at its deadline within seconds (it queues a sync for that
+# moment). A trial Job still running this long after it has been lost track of: its Pod
+# lost (evicted, its node deleted), the controller neither started another nor failed the
+# Job, waiting for a Pod event it never saw (its "expectations"; seen in CI). Those expire
+# after 5 minutes, but only a later event on the Job would wake it, and none may come: the
+# trial would hang forever. The operator deletes such a Job and measures its configurations
+# again (`controller.plan`).
+STALL_GRACE_S = 60
 
 
 def job_name(run: str, target: str, index: int) -> str:
@@ -153,6 +162,19 @@ def suspended(job: dict[str, Any]) -> bool:
     """Whether a trial Job is held by its queue: created suspended and not admitted yet, or
     suspended again (Kueue preempted it). Its configurations are waiting, not failing."""
     return bool((job.get("spec") or {}).get("suspend"))
+
+
+def past_deadline_s(job: dict[str, Any], wall: float) -> float | None:
+    """How many seconds past its `activeDeadlineSeconds` a trial Job is at `wall` (epoch
+    seconds; negative: before it); None with no deadline, or while a queue holds it. The
+    deadline counts from the Job's start (reset when a queue admits it again), or from its
+    creation while the Job controller has not started it."""
+    deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+    started = (job.get("status") or {}).get("startTime") or (job.get("metadata") or {}).get("creationTimestamp")
+    start = parse_time(started)
+    if suspended(job) or deadline is None or start is None:
+        return None
+    return wall - (start + deadline)
 
 
 def suspended_since(job: dict[str, Any]) -> str | None:

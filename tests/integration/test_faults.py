@@ -40,6 +40,7 @@ from operator_support import (
     wait_phase,
 )
 
+from fleettune.jobs import STALL_GRACE_S, STARTUP_ALLOWANCE_S
 from fleettune.results import TrialRecord
 from fleettune_job.protocol import Outcome, Trial, TrialResult
 
@@ -176,11 +177,14 @@ def test_evicted_trial_pod_is_retried_not_recorded_as_infeasible(cluster, namesp
     from kubernetes import client
 
     victim_index = 2
-    pods_of: Counter[int] = Counter()
+    pods_of: Counter[str] = Counter()  # by configuration: a stalled Job's is measured again in another Job
+    victim: list[str] = []
 
     def policy(trial: Trial, pod: dict[str, Any]) -> Reply | None:
-        pods_of[trial.index] += 1
-        if trial.index == victim_index and pods_of[trial.index] == 1:
+        key = json.dumps(trial.config, sort_keys=True)
+        pods_of[key] += 1
+        if trial.index == victim_index and pods_of[key] == 1:
+            victim.append(key)
             return None  # keeps running until evicted
         return ok_reply(trial)
 
@@ -191,31 +195,28 @@ def test_evicted_trial_pod_is_retried_not_recorded_as_infeasible(cluster, namesp
             client.CoreV1Api(api).create_namespaced_pod_eviction(
                 pod, namespace, {"apiVersion": "policy/v1", "kind": "Eviction",
                                  "metadata": {"name": pod, "namespace": namespace}})
-        # In 2 of about 10 full runs (never alone, never in the file's own runs) the run had not
-        # finished 240 s after the eviction, with no replacement Pod in kwok's log. Until the
-        # cause is known: a slow retry is reported as a warning with what the cluster showed
-        # after 60 s, and fails the test only past the Job controller's 5-minute expectations
-        # timeout (after which it re-syncs a Job whatever it was waiting for).
+        # The Job controller starts another Pod for the Job within seconds. In a few full runs
+        # on a loaded machine it did not (it waits for a Pod event it never sees:
+        # `jobs.STALL_GRACE_S`); the operator then runs the trial again in a new Job once the
+        # stalled one is past its deadline (240 s) and the grace.
+        stalled_after = example("x")["spec"]["budget"]["trialTimeoutSeconds"] + STARTUP_ALLOWANCE_S + STALL_GRACE_S
         try:
-            run = wait_phase(cluster, namespace, "evict", 60, operator)
-        except AssertionError:
-            early = f"Pods per trial {dict(pods_of)}; " + _where_it_stopped(cluster, namespace, "evict")
-            started = time.monotonic()
-            try:
-                run = wait_phase(cluster, namespace, "evict", 360, operator)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}; after 60 s: {early}; at the end: Pods per trial {dict(pods_of)}, "
-                                     f"completer errors {completer.errors[-3:]}; "
-                                     + _where_it_stopped(cluster, namespace, "evict")) from None
-            warnings.warn(f"the evicted trial's retry took {60 + time.monotonic() - started:.0f} s; "
-                          f"after 60 s: {early}", stacklevel=1)
+            run = wait_phase(cluster, namespace, "evict", stalled_after + 120, operator)
+        except AssertionError as exc:
+            where = _where_it_stopped(cluster, namespace, "evict")
+            raise AssertionError(f"{exc}; Pods per configuration {dict(pods_of)}, "
+                                 f"completer errors {completer.errors[-3:]}; {where}") from None
     assert run["status"]["phase"] == "Succeeded", run["status"]
-    assert pods_of[victim_index] == 2, "the evicted trial ran again in a new Pod"
+    assert pods_of[victim[0]] == 2, "the evicted trial ran again in a new Pod"
     records = stored_records(cluster, namespace, "evict")
-    victim = next(r for r in records if r.index == victim_index)
-    assert victim.outcome == Outcome.OK, f"the evicted trial was recorded as {victim.outcome}: {victim.error}"
+    (again,) = [r for r in records if json.dumps(r.config, sort_keys=True) == victim[0]]
+    assert again.outcome == Outcome.OK, f"the evicted trial was recorded as {again.outcome}: {again.error}"
     assert not [r for r in records if r.outcome.is_invalid_configuration]
     assert run["status"]["targets"][0]["invalid"] == 0
+    if again.index != victim_index:  # the rare path: say it was taken
+        stalled = [line for line in _events(cluster, namespace).splitlines() if line.startswith("TrialJobStalled:")]
+        assert stalled, "the trial ran in a new Job with no TrialJobStalled event"
+        warnings.warn(f"the evicted trial's Job stalled and ran again: {stalled[0]}", stacklevel=1)
     for seen in completer.pods.values():
         assert_restricted(seen)
     _assert_clean_log(operator)

@@ -140,6 +140,8 @@ def test_a_preempted_batch_that_answered_nothing_hands_every_configuration_back(
     assert not plan.records and batch["metadata"]["name"] in plan.delete_now
     (again,) = plan.create
     assert [c for _, c in entries_of(again)] == [c for _, c in entries_of(batch)]
+    # A new name: the preempted Job may still be being deleted.
+    assert again["metadata"]["name"] != batch["metadata"]["name"]
 
 
 def test_admission_wait_is_timed_apart_from_the_wait_for_a_node() -> None:

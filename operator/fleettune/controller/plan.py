@@ -12,6 +12,10 @@ answers its Pod wrote are kept; the configurations it did not answer are handed 
 its pool (`Plan.requeue`) and the Job is deleted, so that a re-admission never measures the
 answered ones twice. A preempted one-configuration Job, whose Pod ended without a verdict,
 stays: Kueue runs it again once it re-admits it.
+
+A Job the Job controller has lost track of (still running `jobs.STALL_GRACE_S` past its
+deadline) is deleted the same way: what its Pod answered is kept, the rest is measured
+again in a new Job.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleettune.controller.reporting import Report
-from fleettune.jobs import entries_of, suspended, work_of
+from fleettune.jobs import STALL_GRACE_S, entries_of, past_deadline_s, suspended, work_of
 from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune.metrics import TrialTimings, trial_timings
 from fleettune.results import TrialRecord, early_records, job_finished, record_from_job, records_from_batch_job
@@ -80,9 +84,12 @@ class Plan:
     report: Report | None = None
     # Recorded Jobs the Job controller has not marked done yet: deleted on a later step.
     settling: bool = False
-    # Pool key -> configurations of preempted Jobs that no Pod answered: measured first, again.
-    requeue: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Pool key -> the entries (index, configuration) of deleted Jobs that no Pod answered
+    # (preempted, stalled): measured first, again (`Pool.hand_back`).
+    requeue: dict[str, list[tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     preempted: list[tuple[str, str, int, int]] = field(default_factory=list)  # (Job, pool, answered, re-queued)
+    # (Job, pool, seconds past its deadline, answered, re-queued): Jobs the Job controller lost track of.
+    stalled: list[tuple[str, str, float, int, int]] = field(default_factory=list)
     # Provisional records of the entries running Pods have answered in their logs: learnt
     # from and reported, not stored (the termination message brings them to the store).
     early: list[TrialRecord] = field(default_factory=list)
@@ -116,6 +123,22 @@ def _size(target: str, work: Trial | Batch) -> list[int] | None:
     return work.problem_size if size_of_key(target) is not None else None
 
 
+def _stalled(job: Job, target: str, late_s: float, obs: Observed, plan: Plan) -> None:
+    """Into `plan`: delete a stalled Job (`jobs.STALL_GRACE_S`), keep what its Pod answered in
+    its log, and hand its other configurations back to the pool."""
+    name = job["metadata"]["name"]
+    work = work_of(job)
+    kept: list[TrialRecord] = []
+    if isinstance(work, Batch) and (answers := obs.answers.get(name)):
+        kept = early_records(job, work, answers, round_of(job), _size(target, work))
+    plan.records += [r for r in kept if (r.round, r.target, r.index) not in obs.stored]
+    answered = {r.index for r in kept}
+    back = [(i, c) for i, c in entries_of(job) if i not in answered]
+    plan.requeue.setdefault(target, []).extend(back)
+    plan.delete_now.append(name)
+    plan.stalled.append((name, target, late_s, len(answered), len(back)))
+
+
 def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[Job]]:
     """Into `plan`: the records of the finished Jobs, and of Jobs whose Pod's end already
     decides them (settling: neither running nor deletable until the Job controller is done
@@ -131,6 +154,8 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 # A trial of a removed pool, or of an older round (older driver or space),
                 # would only measure the past.
                 plan.delete_now.append(name)
+            elif (late := past_deadline_s(job, obs.wall)) is not None and late > STALL_GRACE_S:
+                _stalled(job, target, late, obs, plan)
             else:
                 running.setdefault(target, []).append(job)
                 if answers := obs.answers.get(name):
@@ -156,7 +181,7 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 new = [record_from_job(job, pods, work.config, round_of(job), size)]
             if preempted and rounds.get(target) == round_of(job):
                 answered = {r.index for r in new}
-                back = [c for i, c in entries_of(job) if i not in answered]
+                back = [(i, c) for i, c in entries_of(job) if i not in answered]
                 plan.requeue.setdefault(target, []).extend(back)
                 plan.preempted.append((name, target, len(answered), len(back)))
             # A record already stored (a crash between two of a batch's writes) is not stored twice.

@@ -274,11 +274,16 @@ class Planner:
             plan.report = failed
             return plan
         running = collect(obs, plan, {key: pool.round for key, pool in self.pools.items()})
-        for key, configs in plan.requeue.items():
-            self.pools[key].requeue += configs
+        for key, entries in plan.requeue.items():
+            self.pools[key].hand_back(entries)
         for job, key, answered, back in plan.preempted:
             self.events.append(("Normal", "Preempted", f"{key}: trial Job {job} was preempted by its queue after "
                                 f"{answered} configuration(s); {back} go back to the pool, none counted as failed"))
+        for job, key, late, answered, back in plan.stalled:
+            note = (f"{key}: trial Job {job} still runs {late:.0f} s after its deadline: the Job controller lost "
+                    f"track of it; deleted, {answered} answer(s) kept, {back} configuration(s) go back to the pool")
+            self.events.append(("Warning", "TrialJobStalled", note))
+            self.log.warning("%s", note)
         if plan.early:  # an answer already recorded is not early (a crash between two writes)
             fresh = {(r.round, r.target, r.index) for r in plan.records}
             plan.early = [r for r in plan.early
@@ -380,7 +385,7 @@ class Planner:
         a node comes; none is recorded (a Pod that ended is collected before this)."""
         for job in running:
             plan.delete_now.append(job["metadata"]["name"])
-            pool.requeue += [config for _, config in entries_of(job)]
+            pool.hand_back(entries_of(job))
         if running:
             names = ", ".join(j["metadata"]["name"] for j in running)
             note = f"{len(running)} waiting trial Job(s) withdrawn, {_back_in_queue(len(pool.requeue))}"
@@ -454,7 +459,7 @@ class Planner:
             self._ends(pool, running, plan, pool_verdict(rules, replace(progress, exhausted=True)))
             return
         used = [r.index for r in pool.records(records, all_rounds=True)] + [i for i, _ in in_flight]
-        index = max(used, default=-1) + 1
+        index = max(max(used, default=-1) + 1, pool.index_floor)
         pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
         avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
         best_ms = min((r.objective for r in mine if r.outcome == Outcome.OK and r.objective), default=None)

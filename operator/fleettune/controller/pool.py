@@ -65,7 +65,8 @@ class Pool:
     default_config: dict[str, Any] | None = None
     observed: set[int] = field(default_factory=set)
     trials_per_pod: int = 1  # of the pool's latest trial Pod
-    requeue: list[dict[str, Any]] = field(default_factory=list)  # of preempted Jobs, not measured: measured first
+    requeue: list[dict[str, Any]] = field(default_factory=list)  # `hand_back`: measured first
+    index_floor: int = 0  # `hand_back`: the pool's next trial index is at least this
     next_check: float = 0.0
     nodes_missing_since: float | None = None  # epoch seconds: none of its nodes exists (scaled to zero)
 
@@ -93,6 +94,14 @@ class Pool:
         if old.phase in (PoolPhase.SUCCEEDED, PoolPhase.FAILED):
             self.phase, self.message = PoolPhase(old.phase), old.message
         self.round_started = _epoch(old.round_started_at)
+
+    def hand_back(self, entries: Iterable[tuple[int, dict[str, Any]]]) -> None:
+        """Take back the entries (index, configuration) of a Job deleted before it measured
+        them (preempted, stalled, withdrawn): measured first, in a Job whose first index is
+        above theirs, so never one named like the deleted Job, which may still be going."""
+        for index, config in entries:
+            self.requeue.append(config)
+            self.index_floor = max(self.index_floor, index + 1)
 
     def records(self, records: Iterable[TrialRecord], *, all_rounds: bool = False) -> list[TrialRecord]:
         """The pool's records (this round's, or all rounds') among ``records``: found by
