@@ -170,11 +170,11 @@ def past_deadline_s(job: dict[str, Any], wall: float) -> float | None:
     deadline counts from the Job's start (reset when a queue admits it again), or from its
     creation while the Job controller has not started it."""
     deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+    if suspended(job) or deadline is None:
+        return None
     started = (job.get("status") or {}).get("startTime") or (job.get("metadata") or {}).get("creationTimestamp")
     start = parse_time(started)
-    if suspended(job) or deadline is None or start is None:
-        return None
-    return wall - (start + deadline)
+    return None if start is None else wall - (start + deadline)
 
 
 def suspended_since(job: dict[str, Any]) -> str | None:

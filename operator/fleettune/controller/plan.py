@@ -94,6 +94,12 @@ class Plan:
     # from and reported, not stored (the termination message brings them to the store).
     early: list[TrialRecord] = field(default_factory=list)
 
+    def hand_back(self, target: str, job: Job, answered: Container[int]) -> int:
+        """Into `requeue`: the entries of deleted Job `job` that its Pod did not answer; how many."""
+        back = [(i, c) for i, c in entries_of(job) if i not in answered]
+        self.requeue.setdefault(target, []).extend(back)
+        return len(back)
+
     @property
     def finished(self) -> bool:
         return self.report is not None and self.report.finished and not self.settling
@@ -133,10 +139,9 @@ def _stalled(job: Job, target: str, late_s: float, obs: Observed, plan: Plan) ->
         kept = early_records(job, work, answers, round_of(job), _size(target, work))
     plan.records += [r for r in kept if (r.round, r.target, r.index) not in obs.stored]
     answered = {r.index for r in kept}
-    back = [(i, c) for i, c in entries_of(job) if i not in answered]
-    plan.requeue.setdefault(target, []).extend(back)
+    back = plan.hand_back(target, job, answered)
     plan.delete_now.append(name)
-    plan.stalled.append((name, target, late_s, len(answered), len(back)))
+    plan.stalled.append((name, target, late_s, len(answered), back))
 
 
 def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[Job]]:
@@ -181,9 +186,8 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 new = [record_from_job(job, pods, work.config, round_of(job), size)]
             if preempted and rounds.get(target) == round_of(job):
                 answered = {r.index for r in new}
-                back = [(i, c) for i, c in entries_of(job) if i not in answered]
-                plan.requeue.setdefault(target, []).extend(back)
-                plan.preempted.append((name, target, len(answered), len(back)))
+                back = plan.hand_back(target, job, answered)
+                plan.preempted.append((name, target, len(answered), back))
             # A record already stored (a crash between two of a batch's writes) is not stored twice.
             plan.records += [r for r in new if (r.round, r.target, r.index) not in obs.stored]
             plan.timings[name] = trial_timings(job, pods)
