@@ -21,6 +21,7 @@ from fleettune_dev.bench.warmstart import (
     ordered_pairs,
     ordered_summary,
     run_seed,
+    seed_spread,
     study_for,
     summarise,
 )
@@ -198,6 +199,33 @@ def test_ordered_summary_names_the_worst_pair_and_each_family() -> None:
     text = format_ordered_summary(s)
     assert "worst ratio 1.20 (a-Y → a-X)" in text and "pairs over 1.1: 1 (a-Y → a-X)" in text and "not met" in text
     assert ordered_summary([res("a-X → a-Y", 2, 10)])["meets_target"]
+
+
+def test_the_spread_over_seeds_says_how_much_the_figures_owe_to_them() -> None:
+    """Seed-bootstrap intervals of the mean and the worst ratio: a point where every seed
+    gives the same, an interval around the observed figures where they differ, and the
+    share of resamples that meet issue 18's target."""
+    def rows(pairs: dict[str, list[tuple[int, int]]]) -> dict[str, list[dict]]:
+        return {p: [{"seed": s, "warm_0.95": w, "cold_0.95": c} for s, (w, c) in enumerate(v)]
+                for p, v in pairs.items()}
+
+    same = seed_spread(rows({"a": [(2, 10)] * 4, "b": [(1, 10)] * 4}), 0.95, resamples=200)
+    assert same is not None and same["seeds"] == 4
+    assert same["mean_ratio"] == pytest.approx([0.15, 0.15]) and same["worst_ratio"] == pytest.approx([0.2, 0.2])
+    assert same["meets_target"] == 1.0
+    # One pair is harmed in one seed of four: the worst ratio's interval spans harm and none.
+    mixed = seed_spread(rows({"a": [(2, 10), (2, 10), (2, 10), (30, 10)], "b": [(1, 10)] * 4}), 0.95)
+    assert mixed is not None
+    lo, hi = mixed["worst_ratio"]
+    assert lo < 1.1 < hi and lo <= (2 + 2 + 2 + 30) / 40 <= hi
+    assert 0.0 < mixed["meets_target"] < 1.0
+    assert seed_spread(rows({"a": [(2, 10)], "b": [(1, 10)]}), 0.95) is None  # one seed: nothing to resample
+    text = format_ordered_summary(ordered_summary(
+        [{"pair": p, "seeds": 4, **{f"{k}_{lvl}": 1.0 for lvl in (0.95, 0.99) for k in ("warm", "cold", "ratio")}}
+         for p in ("a-X → a-Y", "a-Y → a-X")],
+        rows({"a-X → a-Y": [(2, 10)] * 4, "a-Y → a-X": [(1, 10)] * 4})))
+    assert "over the seeds (2,000 resamples of the 4 seeds, 90 % intervals)" in text
+    assert "the target met in 100 % of the resamples" in text
 
 
 def test_command_over_all_ordered_pairs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
