@@ -258,7 +258,7 @@ def seed_spread(rows: dict[str, list[dict[str, Any]]], level: float, resamples: 
     are shared by its pairs). None with fewer than two seeds common to all pairs.
 
     The ratios of single pairs swing by tenths with a few seeds (a run that misses 0.95
-    counts as the budget + 1), so a mean of 0.35 against 1/3 can be the seeds' luck
+    counts as the budget + 1), so a mean ratio just over 1/3 can be the seeds' luck
     either way; this says how likely."""
     common = set.intersection(*({r["seed"] for r in pair_rows} for pair_rows in rows.values())) if rows else set()
     seeds = sorted(common)
