@@ -260,16 +260,12 @@ def seed_spread(rows: dict[str, list[dict[str, Any]]], level: float, resamples: 
     The ratios of single pairs swing by tenths with a few seeds (a run that misses 0.95
     counts as the budget + 1), so a mean ratio just over 1/3 can be the seeds' luck
     either way; this says how likely."""
-    common = set.intersection(*({r["seed"] for r in pair_rows} for pair_rows in rows.values())) if rows else set()
-    seeds = sorted(common)
+    by_seed = [{r["seed"]: r for r in pair_rows} for pair_rows in rows.values()]
+    seeds = sorted(set.intersection(*map(set, by_seed))) if by_seed else []
     if len(seeds) < 2:
         return None
-
-    def matrix(name: str) -> np.ndarray:
-        return np.array([[next(r[f"{name}_{level}"] for r in pair_rows if r["seed"] == s) for s in seeds]
-                         for pair_rows in rows.values()], dtype=float)
-
-    warm, cold = matrix("warm"), matrix("cold")
+    warm, cold = (np.array([[pair[s][f"{name}_{level}"] for s in seeds] for pair in by_seed], dtype=float)
+                  for name in ("warm", "cold"))
     draw = np.random.default_rng(seed).integers(0, len(seeds), size=(resamples, len(seeds)))
     ratios = warm[:, draw].mean(axis=2) / cold[:, draw].mean(axis=2)  # (pairs, resamples)
     mean, worst = ratios.mean(axis=0), ratios.max(axis=0)
