@@ -7,13 +7,16 @@ etcd, an Event message 1 KiB) that a write exceeding it does not survive: the wr
 refused, and a run whose status cannot be written never shows what is wrong. So text goes
 through :func:`bounded` (readable, cut with a note of how much was cut) and names and
 label values through :func:`label_value` / :func:`child_name` (cut *and* made unique with
-a hash, since two cut names may otherwise collide).
+a hash, since two cut names may otherwise collide). A name the user got wrong is answered
+with the closest one they may have meant (:func:`did_you_mean`).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import re
+from collections.abc import Iterable
 
 MESSAGE_MAX = 1000  # a status message or condition: readable in `kubectl describe`
 LABEL_MAX = 63
@@ -56,3 +59,11 @@ def child_name(parent: str, unique: str, suffix: str, limit: int = NAME_MAX) -> 
     tail = f"-{short_hash(unique, 8)}-{suffix}"
     head = parent[: max(limit - len(tail), 1)].rstrip("-.")
     return f"{head}{tail}"
+
+
+def did_you_mean(word: str, known: Iterable[str], shown: str = "{!r}") -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to a misspelt ``word`` (``shown``
+    formats it), or ``""`` when none is close: one form for every error that names a
+    parameter, type, device attribute or strategy option that does not exist."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {shown.format(close[0])}?)" if close else ""

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Self
 
+from fleettune.names import did_you_mean
+
 _OPTION = "fleettune.option"  # dataclass field metadata key: the field's `_Check`
 
 
@@ -124,13 +126,15 @@ class StrategyOptions:
     @classmethod
     def resolve(cls, strategy: str, given: Mapping[str, Any] | None = None) -> Self:
         """The defaults updated with ``given``, each value checked: OptionError names the
-        first unknown option (listing the known ones) or value not accepted."""
+        first unknown option (with the closest known one, and listing them all) or value not
+        accepted."""
         declared = {o.name: o for o in cls.declared()}
         values = {}
         for key, value in (given or {}).items():
             if key not in declared:
                 known = ", ".join(sorted(declared)) or "none"
-                raise OptionError(key, f"not an option of strategy {strategy!r} (options: {known})")
+                hint = did_you_mean(str(key), declared)
+                raise OptionError(key, f"not an option of strategy {strategy!r}{hint} (options: {known})")
             values[key] = declared[key].check(value)
         return cls(**values)
 

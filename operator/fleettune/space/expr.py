@@ -17,13 +17,13 @@ anything. What the closures compute, with Python's semantics on arrays, is
 from __future__ import annotations
 
 import ast
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from fleettune.names import did_you_mean
 from fleettune.space import expr_eval as ev
 from fleettune.space.errors import SpaceError
 from fleettune.space.expr_eval import Compiled, Step
@@ -114,9 +114,7 @@ class _Compiler:
             raise self.error(node, f"'{name}' can only be called, e.g. {name}(a, b)")
         param = self.params.get(name)
         if param is None:
-            close = difflib.get_close_matches(name, list(self.params), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise self.error(node, f"unknown parameter {name!r}{hint}")
+            raise self.error(node, f"unknown parameter {name!r}{did_you_mean(name, self.params)}")
         if name not in self.names:
             self.names.append(name)
         kind = param.value_kind
@@ -134,8 +132,7 @@ class _Compiler:
         from fleettune.space.devices import DEVICE_ATTRIBUTES
 
         if attr not in DEVICE_ATTRIBUTES or attr.startswith("_"):
-            close = difflib.get_close_matches(attr, DEVICE_ATTRIBUTES, n=1)
-            hint = f" (did you mean device.{close[0]}?)" if close else ""
+            hint = did_you_mean(attr, DEVICE_ATTRIBUTES, "device.{}")
             raise self.error(node, f"unknown device attribute {attr!r}{hint}")
         value = getattr(self.device, attr)
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -8,7 +8,6 @@ candidate sets, so we ask for the discretisation up front instead of guessing on
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import keyword
 import math
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fleettune.names import did_you_mean
 from fleettune.space.errors import SpaceError
 
 TYPES = ("integer", "ordinal", "real", "categorical", "boolean", "permutation")
@@ -295,12 +295,10 @@ def parse_parameter(spec: Any, index: int) -> Parameter:
     name = check_name(spec.get("name"), f"{where}.name")
     ptype = spec.get("type")
     if not isinstance(ptype, str) or ptype not in TYPES:
-        hint = _TYPE_HINTS.get(str(ptype).lower()) if isinstance(ptype, str) else None
-        if hint is None and isinstance(ptype, str):
-            close = difflib.get_close_matches(ptype.lower(), TYPES, n=1)
-            hint = close[0] if close else None
+        word = ptype.lower() if isinstance(ptype, str) else ""
+        hint = did_you_mean(_TYPE_HINTS.get(word, word), TYPES)  # an alias is a type's exact name
         msg = f"unknown type {ptype!r} for parameter {name!r}; expected one of {', '.join(TYPES)}"
-        raise SpaceError(f"{where}.type", msg + (f" (did you mean {hint!r}?)" if hint else ""))
+        raise SpaceError(f"{where}.type", msg + hint)
     unknown = set(spec) - _COMMON_KEYS - _ALLOWED_KEYS[ptype]
     if unknown:
         allowed = sorted(_COMMON_KEYS | _ALLOWED_KEYS[ptype])

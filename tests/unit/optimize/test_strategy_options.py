@@ -76,10 +76,13 @@ def test_values_an_option_does_not_accept_are_named(strategy, options, key, mess
 
 
 def test_unknown_options_are_rejected_listing_the_known_ones(space) -> None:
-    with pytest.raises(OptionError, match=r"^not an option of strategy 'bayes' \(options: feas_power, fit_iter, "
-                       r"initial, .*prior_paths.*\)$") as err:
+    with pytest.raises(OptionError, match=r"^not an option of strategy 'bayes' \(did you mean 'prior_paths'\?\) "
+                       r"\(options: feas_power, fit_iter, initial, .*prior_paths.*\)$") as err:
         validate_options("bayes", {"prior_path": 2})
     assert err.value.key == "prior_path"
+    # Nothing close: no guess, only the list.
+    with pytest.raises(OptionError, match=r"^not an option of strategy 'bayes' \(options: feas_power, "):
+        validate_options("bayes", {"zzz": 2})
     with pytest.raises(OptionError, match=r"^not an option of strategy 'random' \(options: none\)$"):
         validate_options("random", {"population": 20})
     with pytest.raises(OptionError, match="not an option of strategy 'genetic'"):
