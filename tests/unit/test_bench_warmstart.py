@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleettune_dev.bench.strategy import load_replay, parse_options, run_once
+from fleettune_dev.bench.strategy import family, load_replay, parse_options, run_once
 from fleettune_dev.bench.warmstart import (
     drive,
     evals_to,
-    family,
     format_ordered_summary,
     format_reach,
     main,

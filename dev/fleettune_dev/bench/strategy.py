@@ -43,6 +43,11 @@ class Replay:
         self.optimum = float(np.nanmin(self.time_ms))
 
 
+def family(name: str) -> str:
+    """A recording's kernel family: its name before the first '-' (``gemm-RTX_3090``: gemm)."""
+    return name.split("-", 1)[0]
+
+
 def load_replay(path: str | Path) -> Replay:
     from fleettune_dev.interop import read_kernel_tuner_cache
 
@@ -160,7 +165,7 @@ def run_batched(
 
 
 def summarise(replay: Replay, strategy: str, traces: list[RunTrace], budget: int) -> dict[str, Any]:
-    frac = np.array([np.where(np.isfinite(t.best), replay.optimum / t.best, 0.0) for t in traces])
+    frac = np.array([fractions(replay, t) for t in traces])
     marks = [c for c in CHECKPOINTS if c <= budget]
 
     def evals_to(level: float) -> float:
@@ -181,6 +186,65 @@ def summarise(replay: Replay, strategy: str, traces: list[RunTrace], budget: int
         "ms_per_suggestion_median": float(statistics.median(ms)) if ms else 0.0,
         "_curve": frac.mean(axis=0).tolist(),
     }
+
+
+def fractions(replay: Replay, trace: RunTrace) -> np.ndarray:
+    """Fraction of the optimum after each evaluation of one run (0 before any success)."""
+    return np.where(np.isfinite(trace.best), replay.optimum / trace.best, 0.0)
+
+
+def paired_by_family(
+    base: dict[str, dict[int, np.ndarray]], variant: dict[str, dict[int, np.ndarray]], budget: int
+) -> list[dict[str, Any]]:
+    """A variant against its baseline, per kernel family and over all spaces: the mean
+    fraction of the optimum of each at every checkpoint, and the paired difference
+    (variant − baseline) per seed, a seed's difference being the mean over the group's
+    spaces, with its standard error over the seeds. ``base`` and ``variant``: per space,
+    per seed, the run's `fractions`. Only the seeds run on every space of the group by
+    both count, so that a run cut short compares like with like."""
+    marks = [c for c in CHECKPOINTS if c <= budget]
+    spaces = sorted(set(base) & set(variant))
+    groups: dict[str, list[str]] = {}
+    for name in spaces:
+        groups.setdefault(family(name), []).append(name)
+    if len(groups) > 1 or not groups:
+        groups["all"] = spaces
+    out = []
+    for name, members in groups.items():
+        seeds = sorted(set.intersection(*[set(base[m]) & set(variant[m]) for m in members])) if members else []
+        if not seeds:
+            continue
+        b = np.array([[base[m][s] for m in members] for s in seeds]).mean(axis=1)
+        v = np.array([[variant[m][s] for m in members] for s in seeds]).mean(axis=1)
+        d = v - b
+        se = d.std(axis=0, ddof=1) / math.sqrt(len(seeds)) if len(seeds) > 1 else np.full(d.shape[1], math.nan)
+        out.append({
+            "family": name, "spaces": len(members), "seeds": len(seeds),
+            "baseline": {str(c): float(b[:, c - 1].mean()) for c in marks},
+            "variant": {str(c): float(v[:, c - 1].mean()) for c in marks},
+            "difference": {str(c): float(d[:, c - 1].mean()) for c in marks},
+            "standard_error": {str(c): float(se[c - 1]) for c in marks},
+        })
+    return out
+
+
+def format_variant_comparison(rows: list[dict[str, Any]], label: str) -> str:
+    """`paired_by_family` as a table: baseline → variant (paired difference ± standard error)."""
+    if not rows:
+        return ""
+    marks = list(rows[0]["baseline"])
+    head = ["family", "spaces", "seeds", *[f"@{m}" for m in marks]]
+    lines = [f"### {label} (mean fraction of optimum, baseline → variant; paired difference per seed ± standard "
+             "error)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        name = "**all**" if r["family"] == "all" else r["family"]
+        cells = [name, str(r["spaces"]), str(r["seeds"])]
+        for m in marks:
+            se = r["standard_error"][m]
+            cells.append(f"{r['baseline'][m]:.3f} → {r['variant'][m]:.3f} ({r['difference'][m]:+.3f}"
+                         + (f" ± {se:.3f})" if math.isfinite(se) else ")"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
@@ -333,6 +397,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", dest="json_out", help="write the results here")
     p.add_argument("--plots", help="directory for one convergence plot per space")
     p.add_argument("--option", action="append", default=[], help="strategy option KEY=VALUE (JSON value)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="also replay the same seeds with this strategy option KEY=VALUE (repeatable) on top of "
+                        "--option, and print the difference per kernel family")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--traces", help="JSON-lines file of finished runs: appended to, and resumed from")
     p.add_argument("--summarise-only", action="store_true", help="only summarise the runs in --traces")
@@ -347,6 +414,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batch < 1 or args.gpus < 1:
         p.error("--batch and --gpus must be at least 1")
+    if args.variant and (args.batch > 1 or args.gpus > 1 or args.latency):
+        p.error("--variant compares sequential replays: not with --batch, --gpus or --latency")
     return args
 
 
@@ -443,6 +512,7 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     options = parse_options(args.option, args.strategy)
+    variant = parse_options(args.option + args.variant, args.strategy) if args.variant else None
     if args.latency:
         print(latency_report(args, loader, options))
         return 0
@@ -454,42 +524,44 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
     traces_path = Path(args.traces) if args.traces else None
     done = _load_traces(traces_path)
     batched = args.batch > 1 or args.gpus > 1
-    # Batched runs are compared with sequential ones of the same seeds: both are run.
+    # Batched runs are compared with sequential ones of the same seeds: both are run; so
+    # are a --variant's runs beside the baseline's.
     variants = [(args.batch, args.gpus), (1, 1)] if batched else [(1, 1)]
+    option_sets = [options] if variant is None else [options, variant]
     # Seed-major order: a long run cut short (or resumed from --traces) has about the
     # same number of seeds on every space.
     if not args.summarise_only:
         for seed in seeds:
             for replay in replays:
-                for batch, gpus in variants:
-                    key = _trace_key(replay.name, args.strategy, seed, args.budget, options, batch, gpus,
-                                     args.ramp)
-                    if key in done:
-                        continue
-                    if (batch, gpus) == (1, 1):
-                        done[key] = run_once(replay, args.strategy, seed, args.budget, options)
-                    else:
-                        done[key] = run_batched(replay, args.strategy, seed, args.budget, batch, gpus, options,
-                                                ramp=args.ramp)
-                    if traces_path is not None:
-                        _append_trace(traces_path, key, done[key])
+                for opts in option_sets:
+                    for batch, gpus in variants:
+                        key = _trace_key(replay.name, args.strategy, seed, args.budget, opts, batch, gpus,
+                                         args.ramp)
+                        if key in done:
+                            continue
+                        if (batch, gpus) == (1, 1):
+                            done[key] = run_once(replay, args.strategy, seed, args.budget, opts)
+                        else:
+                            done[key] = run_batched(replay, args.strategy, seed, args.budget, batch, gpus, opts,
+                                                    ramp=args.ramp)
+                        if traces_path is not None:
+                            _append_trace(traces_path, key, done[key])
+
+    def finished(replay: Replay, opts: dict[str, Any], batch: int = 1, gpus: int = 1) -> dict[int, RunTrace]:
+        """The runs of ``replay`` done with these settings, by seed."""
+        keys = {s: _trace_key(replay.name, args.strategy, s, args.budget, opts, batch, gpus, args.ramp)
+                for s in seeds}
+        return {s: done[k] for s, k in keys.items() if k in done}
+
     by_variant: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for batch, gpus in variants:
         label = args.strategy if (batch, gpus) == (1, 1) else f"{args.strategy}-{gpus}x{batch}"
         label += "" if args.ramp or (batch, gpus) == (1, 1) else "-noramp"
         results = by_variant.setdefault((batch, gpus), [])
         for replay in replays:
-            traces = [
-                done[k]
-                for k in (
-                    _trace_key(replay.name, args.strategy, s, args.budget, options, batch, gpus, args.ramp)
-                    for s in seeds
-                )
-                if k in done
-            ]
-            if not traces:
+            if not (traces := finished(replay, options, batch, gpus)):
                 continue
-            res = summarise(replay, label, traces, args.budget)
+            res = summarise(replay, label, list(traces.values()), args.budget)
             results.append(res)
             if args.plots:
                 save_plot(res, Path(args.plots))
@@ -500,11 +572,29 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
         print(format_table(by_variant[(1, 1)]))
         print()
         print(format_batch_comparison(results, by_variant[(1, 1)], args.budget))
+    comparison: list[dict[str, Any]] = []
+    var_results: list[dict[str, Any]] = []
+    if variant is not None:
+        label = f"{args.strategy} with {' '.join(args.variant)}"
+        var_results = [summarise(r, label, list(t.values()), args.budget)
+                       for r in replays if (t := finished(r, variant))]
+
+        def by_seed(opts: dict[str, Any]) -> dict[str, dict[int, np.ndarray]]:
+            return {r.name: {s: fractions(r, t) for s, t in finished(r, opts).items()} for r in replays}
+
+        comparison = paired_by_family(by_seed(options), by_seed(variant), args.budget)
+        print()
+        print(format_table(var_results))
+        print()
+        print(format_variant_comparison(comparison, f"{label} vs {args.strategy}"))
     if args.json_out:
         clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
         doc: dict[str, Any] = {"results": clean}
         if batched:
             doc["batch"], doc["gpus"], doc["ramp"] = args.batch, args.gpus, args.ramp
             doc["sequential"] = [{k: v for k, v in r.items() if not k.startswith("_")} for r in by_variant[(1, 1)]]
+        if variant is not None:
+            doc["variant"] = {"options": variant, "comparison": comparison,
+                              "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in var_results]}
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     return 0

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay, load_replay, parse_options
+from fleettune_dev.bench.strategy import FAILURE_OUTCOME, Replay, family, load_replay, parse_options
 from fleettune_job.protocol import Outcome
 
 LEVELS = (0.95, 0.99)
@@ -334,11 +334,6 @@ def format_ordered_summary(summary: dict[str, Any]) -> str:
             f"{100 * spread['interval']:.0f} % intervals): →{LEVELS[0]} mean ratio {m0:.2f}–{m1:.2f}, "
             f"worst ratio {w0:.2f}–{w1:.2f}; the target met in {100 * spread['meets_target']:.0f} % of the resamples")
     return "\n".join(lines)
-
-
-def family(name: str) -> str:
-    """A recording's kernel family: its name before the first '-' (``gemm-RTX_3090``: gemm)."""
-    return name.split("-", 1)[0]
 
 
 def ordered_pairs(

@@ -1,0 +1,75 @@
+"""`fleettune bench strategy --variant`: a strategy option judged per kernel family, with
+paired differences over the seeds (issue 18: a gain must not be one space's luck)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_bench_warmstart import write_cache
+
+from fleettune_dev.bench.strategy import family, format_variant_comparison, main, paired_by_family
+
+
+def runs(levels: dict[str, list[float]], budget: int = 20) -> dict[str, dict[int, np.ndarray]]:
+    """Per space, per seed: a run at that fraction of the optimum from its first evaluation."""
+    return {space: {seed: np.full(budget, v) for seed, v in enumerate(per_seed)} for space, per_seed in levels.items()}
+
+
+def test_a_variant_is_compared_per_family_and_over_all_spaces() -> None:
+    base = runs({"gemm-A.json.gz": [0.8, 0.8, 0.8], "gemm-B.json.gz": [0.9, 0.9, 0.9],
+                 "pnpoly-A.json.gz": [0.5, 0.6, 0.7]})
+    variant = runs({"gemm-A.json.gz": [0.9, 0.9, 0.9], "gemm-B.json.gz": [0.9, 0.9, 0.9],
+                    "pnpoly-A.json.gz": [0.5, 0.8, 0.7]})
+    rows = {r["family"]: r for r in paired_by_family(base, variant, 20)}
+    assert list(rows) == ["gemm", "pnpoly", "all"]
+    gemm, pnpoly, every = rows["gemm"], rows["pnpoly"], rows["all"]
+    assert (gemm["spaces"], gemm["seeds"]) == (2, 3) and every["spaces"] == 3
+    # A seed's difference is the mean over the family's spaces: +0.1 on one of two.
+    assert gemm["baseline"]["20"] == pytest.approx(0.85) and gemm["variant"]["20"] == pytest.approx(0.9)
+    assert gemm["difference"]["20"] == pytest.approx(0.05) and gemm["standard_error"]["20"] == pytest.approx(0)
+    # One seed of three gained 0.2: mean +0.067, standard error 0.2 / 3 (the paired one).
+    assert pnpoly["difference"]["20"] == pytest.approx(0.2 / 3)
+    assert pnpoly["standard_error"]["20"] == pytest.approx(np.std([0, 0.2, 0], ddof=1) / np.sqrt(3))
+    assert every["difference"]["20"] == pytest.approx(np.mean([0.1 / 3, (0.1 + 0.2) / 3, 0.1 / 3]))
+    text = format_variant_comparison(list(rows.values()), "bayes with x=1 vs bayes")
+    assert "| gemm | 2 | 3 | 0.850 → 0.900 (+0.050 ± 0.000) |" in text
+    assert "| **all** | 3 | 3 |" in text
+
+
+def test_only_seeds_run_everywhere_by_both_are_paired() -> None:
+    base = runs({"gemm-A": [0.8, 0.8, 0.8], "gemm-B": [0.8, 0.8]})
+    variant = runs({"gemm-A": [0.9, 0.9, 0.1], "gemm-B": [0.9]})
+    (only,) = paired_by_family(base, variant, 20)  # one family: no "all" row repeating it
+    assert only["family"] == "gemm" and only["seeds"] == 1
+    assert only["difference"]["20"] == pytest.approx(0.1)
+    assert np.isnan(only["standard_error"]["20"])  # one seed has no spread
+    assert "(+0.100)" in format_variant_comparison([only], "v")
+    assert paired_by_family(base, runs({"gemm-A": []}), 20) == []
+    assert family("convolution_milo-A100.json.gz") == "convolution_milo"
+
+
+def test_the_command_runs_both_and_prints_the_comparison(tmp_path: Path, capsys) -> None:
+    a = write_cache(tmp_path / "toy-A.json.gz", 4)
+    b = write_cache(tmp_path / "toy-B.json.gz", 2)
+    traces, out = tmp_path / "runs.jsonl", tmp_path / "out.json"
+    argv = ["--cache", str(a), "--cache", str(b), "--seeds", "2", "--budget", "20", "--traces", str(traces),
+            "--variant", "initial=3", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "bayes with initial=3 vs bayes" in text and "| toy | 2 | 2 |" in text
+    doc = json.loads(out.read_text())
+    assert doc["variant"]["options"] == {"initial": 3}
+    (toy,) = doc["variant"]["comparison"]
+    assert toy["family"] == "toy" and set(toy["difference"]) == {"20"}
+    assert len(doc["results"]) == len(doc["variant"]["results"]) == 2
+    # Both settings' runs went to the traces, and are read back, not run again.
+    assert len(traces.read_text().splitlines()) == 8
+    assert main([*argv, "--summarise-only"]) == 0
+    assert capsys.readouterr().out == text
+    with pytest.raises(SystemExit, match="did you mean 'initial'"):
+        main([*argv, "--variant", "inital=2"])
+    with pytest.raises(SystemExit):
+        main([*argv, "--batch", "4"])
