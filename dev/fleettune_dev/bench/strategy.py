@@ -207,11 +207,11 @@ def paired_by_family(
     groups: dict[str, list[str]] = {}
     for name in spaces:
         groups.setdefault(family(name), []).append(name)
-    if len(groups) > 1 or not groups:
+    if len(groups) > 1:
         groups["all"] = spaces
     out = []
     for name, members in groups.items():
-        seeds = sorted(set.intersection(*[set(base[m]) & set(variant[m]) for m in members])) if members else []
+        seeds = sorted(set.intersection(*[set(base[m]) & set(variant[m]) for m in members]))
         if not seeds:
             continue
         b = np.array([[base[m][s] for m in members] for s in seeds]).mean(axis=1)
