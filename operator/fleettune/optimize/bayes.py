@@ -75,39 +75,41 @@ class BayesOptions(StrategyOptions):
         "log", 'Objective transform: "log" (log time, standardised) or "copula" (ranks to normal scores).',
         ("log", "copula"),
     )
-    prior_top: int = integer(3, "With warm-start data, first re-measure this many of the best prior configurations.")
+    prior_top: int = integer(
+        3, "With warm-start data, first re-measure this many of the best prior configurations.", warm_only=True
+    )
     prior_paths: int = integer(
         3, "With warm-start data, then probe this many other code paths, two configurations each, and the prior "
-        "model's best on as many more (see WarmStart.path_probes); 0: none.", low=0,
+        "model's best on as many more (see WarmStart.path_probes); 0: none.", low=0, warm_only=True,
     )
     prior_combine: bool = boolean(
         True, "With warm-start data, once the prior's best and the first code path's probes are measured, "
         "measure the prior's best with the moves of its two fastest one-move variants applied together, when "
         "both measured faster than it here: another GPU often moves the optimum by two changes that each help "
-        "only a little alone (see WarmStart.combination).",
+        "only a little alone (see WarmStart.combination).", warm_only=True,
     )
     prior_patience: int = integer(
         15, "With warm-start data, a study that goes this many evaluations without improving drops the prior for "
-        "good; 0: never.", low=0,
+        "good; 0: never.", low=0, warm_only=True,
     )
     prior_hedge: int = integer(
         2, "With warm-start data, once the prior's first picks are measured, every this-many-th pick is the "
         "model's pick from this pool's own results alone, the prior left out (as a cold study past its design "
         "picks): a prior whose best region is only good here (which its rank correlation cannot see) then holds "
-        "the search at most in the other picks. 0: never.", low=0,
+        "the search at most in the other picks. 0: never.", low=0, warm_only=True,
     )
     local_starts: int = integer(5, "Local search: start from this many of the best candidates.")
     local_rounds: int = integer(3, "Local search: at most this many rounds of one-move neighbourhoods.")
     warm_refit: bool = boolean(
         True, "Warm start: refit on a schedule of this study's own evaluations (after 1, 2, 3, 4, 6, ...) rather "
-        "than of the history with the prior in it (first refit 25 % later)."
+        "than of the history with the prior in it (first refit 25 % later).", warm_only=True,
     )
     warm_model: str = one_of(
         "residual", 'Warm start: "task" models both pools in one GP with a task column; "residual" fits a GP to '
         "the prior alone and models this pool as its prediction (shifted) plus a residual GP of this pool's own "
         "data, which can learn that one parameter matters differently here (a task column can only scale all "
         "of the prior's information).",
-        ("residual", "task"),
+        ("residual", "task"), warm_only=True,
     )
     stall: int = integer(
         30, "After this many evaluations without improvement, every stall_every-th pick comes from the best "

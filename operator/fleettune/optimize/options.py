@@ -56,6 +56,10 @@ class Option:
     doc: str
     expected: str  # the values it accepts, in words ("an integer >= 1")
     accepts: Callable[[Any], bool] = field(repr=False, compare=False)
+    # Read only by a study with warm-start data: a cold study behaves the same whatever
+    # its value (tests/unit/optimize/test_strategy_options.py checks it), so a benchmark
+    # of a warm-start setting need not run the cold studies again.
+    warm_only: bool = False
 
     def check(self, value: Any) -> Any:
         """``value`` if the option accepts it; OptionError otherwise."""
@@ -69,10 +73,11 @@ class _Check:
     doc: str
     expected: str
     accepts: Callable[[Any], bool]
+    warm_only: bool
 
 
-def _declare(default: Any, doc: str, expected: str, accepts: Callable[[Any], bool]) -> Any:
-    return field(default=default, metadata={_OPTION: _Check(doc, expected, accepts)})
+def _declare(default: Any, doc: str, expected: str, accepts: Callable[[Any], bool], warm_only: bool) -> Any:
+    return field(default=default, metadata={_OPTION: _Check(doc, expected, accepts, warm_only)})
 
 
 def _is_int(value: Any) -> bool:
@@ -83,29 +88,32 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def integer(default: int, doc: str, *, low: int = 1) -> Any:
+# ``warm_only``: the option is read only by a study with warm-start data (`Option.warm_only`).
+
+
+def integer(default: int, doc: str, *, low: int = 1, warm_only: bool = False) -> Any:
     """An integer option of at least ``low`` (0 where 0 switches a behaviour off)."""
-    return _declare(default, doc, f"an integer >= {low}", lambda v: _is_int(v) and v >= low)
+    return _declare(default, doc, f"an integer >= {low}", lambda v: _is_int(v) and v >= low, warm_only)
 
 
-def positive(default: float | None, doc: str) -> Any:
+def positive(default: float | None, doc: str, *, warm_only: bool = False) -> Any:
     """A finite positive number (int or float); a default of None means "automatic"."""
-    return _declare(default, doc, "a positive number", lambda v: _is_number(v) and v > 0)
+    return _declare(default, doc, "a positive number", lambda v: _is_number(v) and v > 0, warm_only)
 
 
-def non_negative(default: float, doc: str) -> Any:
+def non_negative(default: float, doc: str, *, warm_only: bool = False) -> Any:
     """A finite number >= 0 (0 where it switches a behaviour off)."""
-    return _declare(default, doc, "a number >= 0", lambda v: _is_number(v) and v >= 0)
+    return _declare(default, doc, "a number >= 0", lambda v: _is_number(v) and v >= 0, warm_only)
 
 
-def one_of(default: str, doc: str, choices: tuple[str, ...]) -> Any:
+def one_of(default: str, doc: str, choices: tuple[str, ...], *, warm_only: bool = False) -> Any:
     """One of a few words."""
     expected = "one of " + ", ".join(repr(c) for c in choices)
-    return _declare(default, doc, expected, lambda v: isinstance(v, str) and v in choices)
+    return _declare(default, doc, expected, lambda v: isinstance(v, str) and v in choices, warm_only)
 
 
-def boolean(default: bool, doc: str) -> Any:
-    return _declare(default, doc, "a boolean", lambda v: isinstance(v, bool))
+def boolean(default: bool, doc: str, *, warm_only: bool = False) -> Any:
+    return _declare(default, doc, "a boolean", lambda v: isinstance(v, bool), warm_only)
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ class StrategyOptions:
         for f in fields(cls):
             check: _Check = f.metadata[_OPTION]
             default = None if f.default is MISSING else f.default
-            out.append(Option(f.name, default, check.doc, check.expected, check.accepts))
+            out.append(Option(f.name, default, check.doc, check.expected, check.accepts, check.warm_only))
         return tuple(out)
 
     @classmethod

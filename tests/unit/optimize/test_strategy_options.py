@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import evaluate
 
 from fleettune.optimize import (
     STRATEGIES,
@@ -116,3 +117,39 @@ def test_the_documentation_lists_every_option_with_its_default() -> None:
             default = "automatic" if o.default is None else f"`{str(o.default).lower()}`" if isinstance(
                 o.default, bool) else f"`{o.default!r}`".replace("'", '"')
             assert f"| `{o.name}` | {default} | {o.expected} |" in section, (strategy, o.name)
+
+
+def _other_value(o) -> object:
+    """An accepted value other than the option's default."""
+    if isinstance(o.default, bool):
+        return not o.default
+    if isinstance(o.default, str):
+        return next(c for c in ("residual", "task", "log", "copula") if c != o.default and o.accepts(c))
+    return o.default + 1
+
+
+def _picks(space, options: dict, prior=(), n: int = 16) -> list[dict]:
+    study = Study(space, strategy="bayes", seed=3, options={"initial": 4, "stall": 3, **options}, prior=prior)
+    out = []
+    for _ in range(n):
+        (config,) = study.suggest(1)
+        study.observe(config, *evaluate(config))
+        out.append(config)
+    return out
+
+
+def test_a_cold_study_never_reads_a_warm_only_option(space) -> None:
+    """What lets `fleettune bench warmstart --variant` reuse the baseline's cold runs."""
+    warm_only = [o for o in describe_options("bayes") if o.warm_only]
+    assert {o.name for o in warm_only} >= {"prior_top", "prior_patience", "warm_model"}
+    assert not any(o.warm_only for s in ("genetic", "random") for o in describe_options(s))
+    cold = _picks(space, {})
+    prior = [(c, *evaluate(c)) for c in _picks(space, {"initial": 6}, n=12)]
+    warm = _picks(space, {}, prior)
+    changed_warm = 0
+    for o in warm_only:
+        other = {o.name: _other_value(o)}
+        assert _picks(space, other) == cold, o.name
+        changed_warm += _picks(space, other, prior) != warm
+    assert changed_warm >= 3  # they are read by a warm study
+    assert _picks(space, {"initial": 5}) != cold  # and the comparison can tell runs apart
