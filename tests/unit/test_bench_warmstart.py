@@ -246,3 +246,55 @@ def test_command_over_all_ordered_pairs(tmp_path: Path, capsys: pytest.CaptureFi
     assert json.loads(out.read_text())["per_seed"]["k-B → k-A"] == doc["per_seed"]["k-B → k-A"]
     with pytest.raises(SystemExit):
         main(["--all-ordered-pairs", str(tmp_path), "--all-pairs", str(tmp_path)])
+
+
+def test_a_variant_is_judged_against_the_baseline_on_the_same_seeds(
+        caches, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--variant`: the source runs as the baseline's, once per seed; the warm and cold
+    studies run with the variant's options, except that a variant of warm-only options
+    keeps the baseline's cold runs; both settings' rows are traced and resumed."""
+    import fleettune_dev.bench.warmstart as ws
+
+    src, tgt = caches
+    calls: list[tuple[str, dict[str, object]]] = []
+
+    def counting(replay, study, budget, stop_at=None):
+        calls.append((replay.name.split(".")[0], study.strategy.options.as_dict()))
+        return drive(replay, study, budget, stop_at)
+
+    monkeypatch.setattr(ws, "drive", counting)
+    traces = tmp_path / "ws.jsonl"
+    base = ["--source", str(src), "--target", str(tgt), "--seeds", "2", "--budget", "12", "--source-budget", "12",
+            "--option", "initial=3", "--traces", str(traces)]
+    out = tmp_path / "ws.json"
+    assert main([*base, "--variant", "prior_top=1", "--json", str(out)]) == 0
+    # Per seed: the baseline's source, warm and cold runs, then the variant's warm run alone.
+    assert len(calls) == 8 and sum(c[0] == "src" for c in calls) == 2
+    assert [c[1]["prior_top"] for c in calls if c[0] == "tgt"] == [3, 3, 1] * 2
+    doc = json.loads(out.read_text())
+    v = doc["variant"]
+    assert v["options"] == {"initial": 3, "prior_top": 1} and v["reused_cold"] is True
+    for b, w in zip(doc["per_seed"]["src → tgt"], v["per_seed"]["src → tgt"], strict=True):
+        assert {k: x for k, x in b.items() if k.startswith("cold_")} == {k: x for k, x in w.items()
+                                                                           if k.startswith("cold_")}
+    (row,) = v["comparison"]["pairs"]
+    diffs = [w["warm_0.95"] - b["warm_0.95"] for b, w in zip(doc["per_seed"]["src → tgt"],
+                                                               v["per_seed"]["src → tgt"], strict=True)]
+    assert row["seeds"] == 2 and row["difference"] == pytest.approx(np.mean(diffs))
+    assert row["changed"] == sum(d != 0 for d in diffs)
+    text = capsys.readouterr().out
+    assert "### bayes with prior_top=1 (the baseline's cold runs" in text
+    assert "### bayes with prior_top=1 against the baseline (baseline → variant)" in text
+    assert len(traces.read_text().splitlines()) == 4
+
+    # Resumed from the traces: nothing runs, the same comparison is printed.
+    calls.clear()
+    assert main([*base, "--variant", "prior_top=1"]) == 0
+    assert calls == [] and "against the baseline" in capsys.readouterr().out
+
+    # A variant a cold study reads runs its own cold studies. The baseline is traced, so each
+    # seed's source runs again, with the baseline's options.
+    calls.clear()
+    assert main([*base, "--variant", "stall=2"]) == 0
+    assert [(name, o["stall"]) for name, o in calls] == [("src", 30), ("tgt", 2), ("tgt", 2)] * 2
+    assert "cold runs" not in capsys.readouterr().out.split("### bayes with stall=2")[1].splitlines()[0]

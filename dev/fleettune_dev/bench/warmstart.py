@@ -112,24 +112,34 @@ def study_for(replay: Replay, strategy: str, seed: int, prior: list[Observation]
 
 def run_seed(
     source: Replay, target: Replay, strategy: str, seed: int, source_budget: int, budget: int,
-    options: dict[str, Any] | None = None, memo: dict[tuple[str, str, int], Drive] | None = None,
+    options: dict[str, Any] | None = None, memo: dict[tuple[Any, ...], Drive] | None = None, *,
+    source_options: dict[str, Any] | None = None, cold_row: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One seed of one pair. ``memo``: runs that do not depend on the pair (a source's own
-    run, a target's cold run), by recording name and seed, shared by the pairs of one
-    invocation (all arguments but the recordings must be the same across its calls)."""
+    run, a target's cold run), by recording name, seed and options, shared by the pairs of
+    one invocation (the budgets and strategy must be the same across its calls).
+
+    ``source_options``: the source run's options, where they differ from the target's (a
+    ``--variant`` judges a setting for the re-tune; the source's results are an earlier
+    round's, tuned as the baseline tunes). ``cold_row``: a row of this pair and seed whose
+    cold figures hold for ``options`` too (they differ from its options only in warm-only
+    ones, `Option.warm_only`): copied instead of running the cold study again."""
     memo = {} if memo is None else memo
-    skey = ("source", source.name, seed)
+    src_options = options if source_options is None else source_options
+    skey = ("source", source.name, seed, _options_key(src_options))
     if skey not in memo:
-        memo[skey] = drive(source, study_for(source, strategy, seed, None, options), source_budget)
+        memo[skey] = drive(source, study_for(source, strategy, seed, None, src_options), source_budget)
     src = memo[skey]
     # The target study gets its own seed stream, so warm and cold differ only by the prior.
     tseed = seed + 100_003
     last = max(LEVELS)
     warm = drive(target, study_for(target, strategy, tseed, src.observations, options), budget, last)
-    ckey = ("cold", target.name, seed)
-    if ckey not in memo:
-        memo[ckey] = drive(target, study_for(target, strategy, tseed, None, options), budget, last)
-    cold = memo[ckey]
+    runs = [("warm", warm)]
+    if cold_row is None:
+        ckey = ("cold", target.name, seed, _options_key(options))
+        if ckey not in memo:
+            memo[ckey] = drive(target, study_for(target, strategy, tseed, None, options), budget, last)
+        runs.append(("cold", memo[ckey]))
     # How good the source's own best is on the target: the value of copying it blindly.
     ok = [o for o in src.observations if o[1] == Outcome.OK]
     copied = math.nan
@@ -138,7 +148,7 @@ def run_seed(
     # The best the source measured at all, on the target: what its data could point to.
     reach = max((on_target(target, o[0]) for o in src.observations), default=0.0)
     out: dict[str, Any] = {"seed": seed, "source_best_on_target": copied, "source_reach": reach}
-    for name, run in (("warm", warm), ("cold", cold)):
+    for name, run in runs:
         for level in LEVELS:
             out[f"{name}_{level}"] = evals_to(run.best, target.optimum, level)
         # A run stopped at 0.99 keeps that best: fractions after it are a lower bound.
@@ -146,7 +156,13 @@ def run_seed(
             if n <= len(run.best):
                 b = run.best[n - 1]
                 out[f"{name}_at_{n}"] = round(float(target.optimum / b) if math.isfinite(b) else 0.0, 4)
+    if cold_row is not None:
+        out.update({k: v for k, v in cold_row.items() if k.startswith("cold_")})
     return out
+
+
+def _options_key(options: dict[str, Any] | None) -> str:
+    return json.dumps(options or {}, sort_keys=True)
 
 
 def target_lookup(replay: Replay, config: dict[str, Any]) -> int:
@@ -376,6 +392,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--source-budget", type=int, default=100, help="source evaluations per seed")
     p.add_argument("--strategy", default="bayes")
     p.add_argument("--option", action="append", default=[], help="strategy option KEY=VALUE (JSON value)")
+    p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                   help="also run the warm and cold studies with this option changed (repeatable; the source "
+                        "runs as the baseline does), and compare it with the baseline pair by pair; the cold "
+                        "runs are the baseline's when every variant option is warm-only")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--json", dest="json_out", help="write per-seed rows and summaries here")
     p.add_argument("--traces", help="JSON-lines file of finished seeds: appended to, and resumed from")
@@ -402,8 +422,66 @@ def _name(path: Path) -> str:
     return path.name.removesuffix(".gz").removesuffix(".json")
 
 
-def _seed_key(pair: str, seed: int, args: argparse.Namespace, options: dict[str, Any]) -> str:
-    return json.dumps([pair, args.strategy, seed, args.source_budget, args.budget, options], sort_keys=True)
+def _seed_key(pair: str, seed: int, args: argparse.Namespace, options: dict[str, Any],
+              source_options: dict[str, Any] | None = None) -> str:
+    key: list[Any] = [pair, args.strategy, seed, args.source_budget, args.budget, options]
+    if source_options is not None and source_options != options:
+        key.append({"source": source_options})
+    return json.dumps(key, sort_keys=True)
+
+
+def compare_variant(base: dict[str, list[dict[str, Any]]], variant: dict[str, list[dict[str, Any]]],
+                    level: float = LEVELS[0]) -> dict[str, Any]:
+    """A ``--variant`` against the baseline, per pair on the seeds both ran: the mean
+    evaluations to ``level``, warm and cold, each setting's warm/cold ratio, and the
+    paired difference of the warm evaluations (variant − baseline) per seed with its
+    standard error; over the pairs, the mean and the worst ratio of each setting."""
+    pairs = []
+    for pair in base:
+        b = {r["seed"]: r for r in base[pair]}
+        v = {r["seed"]: r for r in variant.get(pair, [])}
+        seeds = sorted(set(b) & set(v))
+        if not seeds:
+            continue
+        wb = np.array([b[s][f"warm_{level}"] for s in seeds], dtype=float)
+        wv = np.array([v[s][f"warm_{level}"] for s in seeds], dtype=float)
+        cb = np.mean([b[s][f"cold_{level}"] for s in seeds])
+        cv = np.mean([v[s][f"cold_{level}"] for s in seeds])
+        d = wv - wb
+        pairs.append({
+            "pair": pair, "seeds": len(seeds), "cold": [float(cb), float(cv)],
+            "warm": [float(wb.mean()), float(wv.mean())],
+            "ratio": [float(wb.mean() / cb), float(wv.mean() / cv)], "difference": float(d.mean()),
+            "se": float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan,
+            "changed": int((d != 0).sum()),
+        })
+    out: dict[str, Any] = {"level": level, "pairs": pairs}
+    for i, name in enumerate(("baseline", "variant")):
+        if pairs:
+            worst = max(pairs, key=lambda r: r["ratio"][i])
+            out[name] = {"mean_ratio": float(np.mean([r["ratio"][i] for r in pairs])),
+                         "worst_ratio": worst["ratio"][i], "worst_pair": worst["pair"]}
+    return out
+
+
+def format_variant_comparison(comparison: dict[str, Any], label: str) -> str:
+    level = comparison["level"]
+    head = ["source → target", "seeds", f"cold →{level}", f"warm →{level}", "ratio",
+            "warm: paired difference per seed", "seeds changed"]
+    lines = [f"### {label} against the baseline (baseline → variant)", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in comparison["pairs"]:
+        cold = f"{r['cold'][0]:.1f}" if r["cold"][0] == r["cold"][1] else f"{r['cold'][0]:.1f} → {r['cold'][1]:.1f}"
+        lines.append("| " + " | ".join([
+            r["pair"], str(r["seeds"]), cold, f"{r['warm'][0]:.1f} → {r['warm'][1]:.1f}",
+            f"{r['ratio'][0]:.2f} → {r['ratio'][1]:.2f}", f"{r['difference']:+.1f} ± {r['se']:.1f}",
+            str(r["changed"])]) + " |")
+    if comparison["pairs"]:
+        b, v = comparison["baseline"], comparison["variant"]
+        lines += ["", f"→{level}: mean ratio over {len(comparison['pairs'])} pairs {b['mean_ratio']:.3f} → "
+                      f"{v['mean_ratio']:.3f}, worst {b['worst_ratio']:.2f} ({b['worst_pair']}) → "
+                      f"{v['worst_ratio']:.2f} ({v['worst_pair']})"]
+    return "\n".join(lines)
 
 
 def _load_rows(path: Path | None) -> dict[str, dict[str, Any]]:
@@ -426,6 +504,9 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     options = parse_options(args.option, args.strategy)
+    variant = parse_options(args.option + args.variant, args.strategy) if args.variant else None
+    # A variant of warm-only options leaves the cold studies as they are: the baseline's serve.
+    reuse_cold = variant is not None and all(o.warm_only for o in _declared(args.strategy, args.variant))
     traces = Path(args.traces) if args.traces else None
     done = _load_rows(traces)
     replays: dict[Path, Replay] = {}
@@ -440,9 +521,11 @@ def main(argv: list[str]) -> int:
             return 2
         pairs.append((f"{_name(src_path)} → {_name(tgt_path)}", source, target))
     rows: dict[str, list[dict[str, Any]]] = {pair: [] for pair, _, _ in pairs}
+    vrows: dict[str, list[dict[str, Any]]] = {pair: [] for pair, _, _ in pairs}
     seconds = dict.fromkeys(rows, 0.0)
+    vseconds = dict.fromkeys(rows, 0.0)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    memo: dict[tuple[str, str, int], Drive] = {}
+    memo: dict[tuple[Any, ...], Drive] = {}
     # All ordered pairs go seed by seed (a run cut short has the same seeds on every pair,
     # and a seed's source and cold runs are shared by the pairs that need them, then
     # freed); the other modes pair by pair, with each pair's line as soon as it is done.
@@ -452,19 +535,22 @@ def main(argv: list[str]) -> int:
     for n, (seed, (pair, source, target)) in enumerate(order):
         if ordered and n and seed != order[n - 1][0]:
             memo.clear()
-        key = _seed_key(pair, seed, args, options)
-        if key in done:
-            rows[pair].append(done[key])
-        else:
+        settings = [(options, rows, seconds)] + ([(variant, vrows, vseconds)] if variant is not None else [])
+        for opts, into, spent in settings:
+            key = _seed_key(pair, seed, args, opts, options)
+            if key in done:
+                into[pair].append(done[key])
+                continue
             started = time.perf_counter()
-            rows[pair].append(run_seed(source, target, args.strategy, seed, args.source_budget, args.budget,
-                                       options, memo))
-            seconds[pair] += time.perf_counter() - started
+            reuse = rows[pair][-1] if into is vrows and reuse_cold else None
+            into[pair].append(run_seed(source, target, args.strategy, seed, args.source_budget, args.budget,
+                                       opts, memo, source_options=options, cold_row=reuse))
+            spent[pair] += time.perf_counter() - started
             if traces is not None:
                 with traces.open("a") as fh:
-                    fh.write(json.dumps({"key": key, "row": rows[pair][-1]}) + "\n")
-            print(f"  {pair} seed {seed}: " + " ".join(f"{k}={v}" for k, v in rows[pair][-1].items() if k != "seed"),
-                  file=sys.stderr, flush=True)
+                    fh.write(json.dumps({"key": key, "row": into[pair][-1]}) + "\n")
+            print(f"  {pair} seed {seed}{' (variant)' if into is vrows else ''}: "
+                  + " ".join(f"{k}={v}" for k, v in into[pair][-1].items() if k != "seed"), file=sys.stderr, flush=True)
         if not ordered and len(rows[pair]) == args.seeds:
             results.append(_summary(pair, rows[pair], args.budget, seconds[pair]))
             print(format_table([results[-1]]).splitlines()[-1], flush=True)
@@ -477,15 +563,37 @@ def main(argv: list[str]) -> int:
     if summary is not None:
         print()
         print(format_ordered_summary(summary))
+    doc: dict[str, Any] = {
+        "strategy": args.strategy, "source_budget": args.source_budget, "budget": args.budget,
+        "options": options, "results": results, "per_seed": rows,
+    }
+    if summary is not None:
+        doc["summary"] = summary
+    if variant is not None:
+        label = f"{args.strategy} with {' '.join(args.variant)}"
+        vresults = [_summary(pair, vrows[pair], args.budget, vseconds[pair]) for pair, _, _ in pairs]
+        print(f"\n### {label}" + (" (the baseline's cold runs: only warm-start options change)" if reuse_cold else ""))
+        print(format_table(vresults))
+        vsummary = ordered_summary(vresults, vrows) if ordered else None
+        if vsummary is not None:
+            print()
+            print(format_ordered_summary(vsummary))
+        comparison = compare_variant(rows, vrows)
+        print()
+        print(format_variant_comparison(comparison, label))
+        doc["variant"] = {"options": variant, "reused_cold": reuse_cold, "results": vresults, "per_seed": vrows,
+                          "summary": vsummary, "comparison": comparison}
     if args.json_out:
-        doc: dict[str, Any] = {
-            "strategy": args.strategy, "source_budget": args.source_budget, "budget": args.budget,
-            "options": options, "results": results, "per_seed": rows,
-        }
-        if summary is not None:
-            doc["summary"] = summary
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     return 0
+
+
+def _declared(strategy: str, items: list[str]) -> list[Any]:
+    """The declared options that ``KEY=VALUE`` items set (checked by `parse_options` first)."""
+    from fleettune.optimize import describe_options
+
+    declared = {o.name: o for o in describe_options(strategy)}
+    return [declared[item.partition("=")[0]] for item in items]
 
 
 def _summary(pair: str, rows: list[dict[str, Any]], budget: int, seconds: float) -> dict[str, Any]:

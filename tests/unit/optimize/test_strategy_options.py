@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import evaluate
 
+from conftest import evaluate
 from fleettune.optimize import (
     STRATEGIES,
     OptionError,
