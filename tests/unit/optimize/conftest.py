@@ -51,6 +51,16 @@ def optimum(space: SearchSpace) -> float:
     return min(objective(c) for c in configs if not hidden_infeasible(c))
 
 
+def feed(study, n: int) -> list[dict]:
+    """``n`` sequential suggestions of ``study``, each evaluated and observed; the configurations."""
+    seen = []
+    for _ in range(n):
+        (c,) = study.suggest(1)
+        study.observe(c, *evaluate(c))
+        seen.append(c)
+    return seen
+
+
 def run(study, budget: int) -> tuple[np.ndarray, int]:
     """Sequential replay: best value after each evaluation and the number of failures."""
     best, trace, invalid = math.inf, [], 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import evaluate
+from conftest import evaluate, feed
 from fleettune.optimize import (
     STRATEGIES,
     OptionError,
@@ -129,13 +129,7 @@ def _other_value(o) -> object:
 
 
 def _picks(space, options: dict, prior=(), n: int = 16) -> list[dict]:
-    study = Study(space, strategy="bayes", seed=3, options={"initial": 4, "stall": 3, **options}, prior=prior)
-    out = []
-    for _ in range(n):
-        (config,) = study.suggest(1)
-        study.observe(config, *evaluate(config))
-        out.append(config)
-    return out
+    return feed(Study(space, strategy="bayes", seed=3, options={"initial": 4, "stall": 3, **options}, prior=prior), n)
 
 
 def test_a_cold_study_never_reads_a_warm_only_option(space) -> None:

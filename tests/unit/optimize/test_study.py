@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import evaluate, hidden_infeasible, objective, run
+from conftest import evaluate, feed, hidden_infeasible, objective, run
 from fleettune.optimize import STRATEGIES, Study, bayes, stop_reason
 from fleettune.optimize.stopping import improvements
 from fleettune_job.protocol import Outcome
@@ -16,15 +16,6 @@ FAST = {"fit_iter": 30}
 
 def key(c: dict) -> tuple:
     return tuple(sorted(c.items()))
-
-
-def feed(study: Study, n: int) -> list[dict]:
-    seen = []
-    for _ in range(n):
-        (c,) = study.suggest(1)
-        study.observe(c, *evaluate(c))
-        seen.append(c)
-    return seen
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
