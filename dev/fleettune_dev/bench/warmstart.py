@@ -16,6 +16,10 @@ best fraction of the target's optimum among the source's measurements
 ``--all-ordered-pairs DIR``: every ordered pair of recordings of the same kernel in DIR
 (issue 18: a warm start must never be clearly worse than a cold one), with a summary of
 the worst and the mean ratio over the pairs and per kernel family.
+
+``--variant KEY=VALUE``: the same seeds again with that option changed on the target's
+studies (the source runs as the baseline's), compared pair by pair; a variant of
+warm-only options keeps the baseline's cold runs.
 """
 
 from __future__ import annotations
