@@ -508,9 +508,10 @@ def main(argv: list[str]) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     options = parse_options(args.option, args.strategy)
-    variant = parse_options(args.option + args.variant, args.strategy) if args.variant else None
+    changed = parse_options(args.variant, args.strategy)
+    variant = {**options, **changed} if changed else None
     # A variant of warm-only options leaves the cold studies as they are: the baseline's serve.
-    reuse_cold = variant is not None and all(o.warm_only for o in _declared(args.strategy, args.variant))
+    reuse_cold = variant is not None and all(_declared(args.strategy)[k].warm_only for k in changed)
     traces = Path(args.traces) if args.traces else None
     done = _load_rows(traces)
     replays: dict[Path, Replay] = {}
@@ -592,12 +593,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _declared(strategy: str, items: list[str]) -> list[Any]:
-    """The declared options that ``KEY=VALUE`` items set (checked by `parse_options` first)."""
+def _declared(strategy: str) -> dict[str, Any]:
+    """The strategy's declared options, by name."""
     from fleettune.optimize import describe_options
 
-    declared = {o.name: o for o in describe_options(strategy)}
-    return [declared[item.partition("=")[0]] for item in items]
+    return {o.name: o for o in describe_options(strategy)}
 
 
 def _summary(pair: str, rows: list[dict[str, Any]], budget: int, seconds: float) -> dict[str, Any]:
