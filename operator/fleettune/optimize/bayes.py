@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,7 +42,7 @@ from .options import StrategyOptions, boolean, integer, non_negative, one_of, po
 from .problem import Candidates, History
 from .stopping import improvements
 from .strategy import Strategy
-from .warm import WarmStart
+from .warm import SKIP_SEEDS_BELOW, WarmStart
 
 LEADER_GAP = 0.03  # a runner-up region's best is at most this much slower than the best (stall_leaders)
 
@@ -97,6 +97,13 @@ class BayesOptions(StrategyOptions):
         "model's pick from this pool's own results alone, the prior left out (as a cold study past its design "
         "picks): a prior whose best region is only good here (which its rank correlation cannot see) then holds "
         "the search at most in the other picks. 0: never.", low=0, warm_only=True,
+    )
+    prior_lengthscales: bool = boolean(
+        True, "With warm-start data, the hedged picks' model (this pool's results alone, see prior_hedge) uses "
+        "the prior GP's length-scales instead of its own: how much each parameter matters carries over from "
+        "another GPU better than where the optimum lies, and a warm study's own first points, clustered "
+        "around the prior's best, cannot tell it. Not once the prior has lost its weight (PriorTrust).",
+        warm_only=True,
     )
     local_starts: int = integer(5, "Local search: start from this many of the best candidates.")
     local_rounds: int = integer(3, "Local search: at most this many rounds of one-move neighbourhoods.")
@@ -278,8 +285,14 @@ class BayesOpt(Strategy):
             cold = history.without_prior()
             taken = np.concatenate([taken, more])
             rest[more] = False
-            pick = self._design if int(cold.feasible.sum()) < 2 else self._bayes
-            more = np.concatenate([more, pick(n_cold, cold, taken, rest, self.rng(cold, taken))])
+            crng = self.rng(cold, taken)
+            if int(cold.feasible.sum()) < 2:
+                cold_picks = self._design(n_cold, cold, taken, rest, crng)
+            else:
+                trusted = self.options.prior_lengthscales and self.warm.weight(history) >= SKIP_SEEDS_BELOW
+                ls = self.warm.model(history)[0].hyper.lengthscale if trusted else None
+                cold_picks = self._bayes(n_cold, cold, taken, rest, crng, lengthscale=ls)
+            more = np.concatenate([more, cold_picks])
         return np.concatenate([seeds, more])
 
     def _hedged(self, first: int, n: int) -> int:
@@ -304,8 +317,9 @@ class BayesOpt(Strategy):
             chosen = np.vstack([chosen, self.candidates.x[pending]])
         return maximin(self.candidates.x, available, chosen, n, rng, self._weights)
 
-    def _model(self, history: History) -> _Model:
-        """Fit (when a checkpoint is due) and condition the models on ``history``."""
+    def _model(self, history: History, lengthscale: np.ndarray | None = None) -> _Model:
+        """Fit (when a checkpoint is due) and condition the models on ``history``; with
+        ``lengthscale``, the objective's GP uses those length-scales instead of its fit's."""
         hyper_r, hyper_c = self._fit(history, self._marks(history, len(history))[-1])
         ok, z, noise = self._targets(history)
         residual = self.warm.residual(history)
@@ -315,6 +329,8 @@ class BayesOpt(Strategy):
             # The last checkpoint had too few successes to fit (or was fitted before the
             # residual model took over): use the prior's hyperparameters.
             hyper_r = Hyper.default(width)
+        if lengthscale is not None and len(lengthscale) == width:
+            hyper_r = replace(hyper_r, lengthscale=lengthscale)
         gp = Posterior(self._inputs(history, ok), z, noise, hyper_r)
         failed = np.flatnonzero(~history.feasible & ((history.task == 1) | (not residual)))
         if len(failed):
@@ -342,7 +358,8 @@ class BayesOpt(Strategy):
         return _Model(gp, clf, residual, offset, self._with_task(history), best)
 
     def _bayes(
-        self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator
+        self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator,
+        lengthscale: np.ndarray | None = None,
     ) -> np.ndarray:
         avail = available.copy()
         avail[pending] = False
@@ -351,7 +368,7 @@ class BayesOpt(Strategy):
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
         with self.fitting():
-            gp, clf, residual, offset, with_task, best = self._model(history)
+            gp, clf, residual, offset, with_task, best = self._model(history, lengthscale)
         power = self.options.feas_power
 
         def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:

@@ -243,14 +243,15 @@ def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
     that measured the same (past its design, as here); the other picks follow the prior,
     and with ``prior_hedge`` 0 all do. (A prior whose best region is only good here keeps
     a correct rank correlation, so only these picks get the study out of that region
-    before ``prior_patience``.)"""
+    before ``prior_patience``.) With ``prior_lengthscales`` off; on, the next test."""
     prior = _prior(space, lambda c: 1.7 * objective(c))
     configs = _configs(space)
     rng = np.random.default_rng(6)
     own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
 
     def study(n: int, with_prior: bool = True, **options) -> Study:
-        s = Study(space, seed=4, prior=prior if with_prior else (), options={**FAST, **options})
+        s = Study(space, seed=4, prior=prior if with_prior else (),
+                  options={**FAST, "prior_lengthscales": False, **options})
         for c in own[:n]:
             s.observe(c, Outcome.OK, objective(c))
         return s
@@ -263,3 +264,39 @@ def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
     # In a batch, the picks at odd counts are the cold study's: two of four here.
     assert study(12).strategy._hedged(12, 4) == 2
     assert study(12, prior_hedge=3).strategy._hedged(12, 4) == 1  # own evaluation 14
+
+
+def test_the_hedged_picks_can_model_with_the_prior_length_scales(space) -> None:
+    """``prior_lengthscales``: the hedged pick's model is fitted to this pool's results
+    alone as before, but its length-scales are the prior GP's (a warm study's own first
+    points cluster around the prior's best and say little about how much each parameter
+    matters); off, the pick is a cold study's, as above."""
+    prior = _prior(space, lambda c: 1.7 * objective(c))
+    configs = _configs(space)
+    rng = np.random.default_rng(6)
+    own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
+
+    def study(with_prior: bool = True, **options) -> Study:
+        s = Study(space, seed=4, prior=prior if with_prior else (), options={**FAST, **options})
+        for c in own:
+            s.observe(c, Outcome.OK, objective(c))
+        return s
+
+    warm = study(prior_lengthscales=True)
+    seen: list[np.ndarray | None] = []
+    bayes = warm.strategy._bayes
+
+    def spy(*args, lengthscale=None, **kwargs):
+        seen.append(lengthscale)
+        return bayes(*args, lengthscale=lengthscale, **kwargs)
+
+    warm.strategy._bayes = spy
+    pick = warm.suggest(1)
+    prior_ls = warm.strategy.warm.model(warm.history)[0].hyper.lengthscale
+    assert len(seen) == 1 and seen[0] is not None and np.array_equal(seen[0], prior_ls)
+    cold = study(with_prior=False)
+    off = study(prior_lengthscales=False).suggest(1)
+    assert off == cold.suggest(1)
+    own_ls = cold.strategy._model(cold.history).gp.hyper.lengthscale
+    assert not np.allclose(own_ls, prior_ls), "the test needs a prior whose length-scales differ from the pool's"
+    assert pick != off
