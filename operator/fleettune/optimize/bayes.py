@@ -16,8 +16,9 @@ Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
 configurations and probes of other code paths first, then a residual model on top of the
 prior's GP, refitted after each of this pool's first evaluations (``warm_refit``); after the
 first suggestions, every ``prior_hedge``-th pick is the model's pick from this pool's results
-alone; a prior that leaves the study ``prior_patience`` evaluations without improvement is
-dropped, and from then on the study is a cold one that keeps its own observations.
+alone (with the prior GP's length-scales, ``prior_lengthscales``); a prior that leaves the
+study ``prior_patience`` evaluations without improvement is dropped, and from then on the
+study is a cold one that keeps its own observations.
 
 The options are declared in `BayesOptions`; the measurements behind their defaults are
 in docs/optimizer.md.
@@ -279,9 +280,11 @@ class BayesOpt(Strategy):
         n_warm = n - len(seeds) - n_cold
         more = self._bayes(n_warm, history, taken, rest, rng) if n_warm else np.zeros(0, dtype=np.int64)
         if n_cold:
-            # The model's pick from this pool's results alone, exactly as a cold study past
-            # its design makes it (its generator, its chain of fits); a space-filling one
-            # while fewer than two of them ran.
+            # The model's pick from this pool's results alone, as a cold study past its
+            # design makes it (its generator, its chain of fits), but with the prior GP's
+            # length-scales while the prior keeps its weight (prior_lengthscales: this
+            # pool's first points cluster around the prior's best and say little about
+            # which parameters matter); a space-filling one while fewer than two ran.
             cold = history.without_prior()
             taken = np.concatenate([taken, more])
             rest[more] = False
