@@ -332,7 +332,7 @@ class BayesOpt(Strategy):
             # The last checkpoint had too few successes to fit (or was fitted before the
             # residual model took over): use the prior's hyperparameters.
             hyper_r = Hyper.default(width)
-        if lengthscale is not None and len(lengthscale) == width:
+        if lengthscale is not None:
             hyper_r = replace(hyper_r, lengthscale=lengthscale)
         gp = Posterior(self._inputs(history, ok), z, noise, hyper_r)
         failed = np.flatnonzero(~history.feasible & ((history.task == 1) | (not residual)))
