@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from fleettune_job import verification
 from fleettune_job.arguments import ArraySpec, KernelArgument, initial_arrays
 from fleettune_job.classify import NoGpu, Phase, ReferenceFailed, WrongResult, classify, short
 from fleettune_job.fingerprint import device_fingerprint, device_limits
@@ -51,12 +52,13 @@ REFERENCE_SHARE = 0.25
 # The data stays on the host only up to this size: a trial Pod's memory limit is 4 GiB, and
 # a larger problem is drawn again for each configuration, as it always was.
 DATA_MAX_BYTES = 256 << 20
-# cupy compiles its elementwise and reduction kernels (NVRTC) at first use: 6 to 8 s for a
-# built-in's reference and comparison on an H200 with an empty CUPY_CACHE_DIR, as every trial
-# Pod has. A process compiles them once, before its first configuration's first launch, on
-# a problem of at most WARM_SIZE per dimension: that time is the Pod's start-up, not the
-# first configuration's GPU time (`run_s`), which sizes the pool's next batches
-# (docs/bench-job.md). By verification: problem type, or a user kernel's output dtypes.
+# Verification runs on the job's own kernels (fleettune_job.verification), compiled once per
+# process before its first configuration. Where they do not apply, cupy's array code
+# verifies, whose kernels cupy compiles at first use (6 to 8 s for a built-in's on an H200
+# with an empty CUPY_CACHE_DIR, as every trial Pod has): those compile then on a problem of
+# at most WARM_SIZE per dimension, so that the time is the Pod's start-up, not the first
+# configuration's GPU time (`run_s`), which sizes the pool's next batches (docs/bench-job.md).
+# By verification: problem type, or a user kernel's output dtypes.
 WARM_SIZE = 64
 _WARMED: set[tuple[str, ...]] = set()
 
@@ -208,7 +210,7 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
     inputs = {name: cupy.array(array) for name, array in _kept_data(data_key, lambda: _draw(problem, tensors)).items()}
     out_t = problem.output(prepared.problem_size)
     # NaN marks elements the kernel never writes, so verification cannot pass by luck.
-    output = cupy.full(out_t.shape, np.nan, dtype=cupy.float32)
+    output = verification.nan_filled(cupy, out_t.shape)
     args = (output, *inputs.values())
 
     enter(Phase.COMPILE)
@@ -228,8 +230,9 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
         enter(Phase.VERIFY)
         tolerance = problem.tolerance(prepared.problem_size, prepared.config)
         mismatch = _check_against_kept(
-            cupy, data_key, True, lambda expected: compare(cupy, output, expected, tolerance),
-            lambda: problem.reference(cupy, inputs, prepared.problem_size), lambda expected: expected.nbytes)
+            cupy, data_key, True, lambda expected: verification.mismatch(cupy, output, expected, tolerance),
+            lambda: verification.reference(cupy, problem, inputs, prepared.problem_size),
+            lambda expected: expected.nbytes)
         if mismatch:
             raise WrongResult(f"wrong result: {mismatch}")
         enter(Phase.TIME)
@@ -243,9 +246,10 @@ def _execute(cupy: Any, trial: Trial, prepared: Prepared, state: _State,
 
 
 def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
-    """Make cupy compile the kernels that verifying ``prepared`` uses, once per process, on
-    small arrays (see WARM_SIZE). Best effort: a failure only leaves them to compile at
-    first use. Runs in the setup phase, so a hang here is the node's fault, never a verdict."""
+    """Compile the kernels that verifying ``prepared`` uses, once per process, in the set-up
+    phase: the job's own (``verification.load``), and cupy's array code only where those do not
+    apply, on small arrays (see WARM_SIZE). Best effort: a failure only leaves them to
+    compile at first use. A hang here is the node's fault, never a verdict."""
     if isinstance(prepared, PreparedUser):
         key: tuple[str, ...] = ("user", *sorted({str(out.dtype) for out in prepared.outputs}))
     else:
@@ -253,14 +257,21 @@ def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
     if key in _WARMED:
         return
     _WARMED.add(key)
+    module = verification.load(cupy, log)
     started = time.monotonic()
     try:
         if isinstance(prepared, PreparedUser):
-            for out in prepared.outputs:
+            uncovered = [out for out in prepared.outputs
+                         if module is None or not verification.covers(out.dtype, out.dtype)]
+            if not uncovered:
+                return
+            for out in uncovered:
                 got = cupy.asarray(np.zeros(WARM_SIZE, dtype=out.dtype))
                 compare(cupy, got, got.copy(), prepared.atol, prepared.rtol, nan_is_unwritten=False)
         else:
             problem = prepared.problem
+            if module is not None and problem.reference_kernel:
+                return
             size = [min(int(n), WARM_SIZE) for n in prepared.problem_size]
             data = _draw(problem, problem.inputs(size, prepared.config))
             inputs = {name: cupy.array(array) for name, array in data.items()}
@@ -269,9 +280,9 @@ def warm_verification(cupy: Any, prepared: Prepared | PreparedUser) -> None:
             got = cupy.asarray(np.asarray(cupy.asnumpy(expected), dtype=np.float32))
             compare(cupy, got, expected, problem.tolerance(size, prepared.config))
     except Exception as exc:
-        log(f"verification kernels not compiled ahead ({type(exc).__name__}: {exc}): they compile at first use")
+        log(f"cupy's verification kernels not compiled ahead ({type(exc).__name__}: {exc}): they compile at first use")
         return
-    log(f"verification kernels compiled in {time.monotonic() - started:.2f} s (once per process)")
+    log(f"cupy's verification kernels compiled in {time.monotonic() - started:.2f} s (once per process)")
 
 
 def _check_against_kept(cupy: Any, key: tuple[Any, ...], keep: bool, mismatch_in: Callable[[Any], str | None],
@@ -362,8 +373,8 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
 
     def mismatch_in(expected: dict[str, Any]) -> str | None:
         for out in user.outputs:
-            mismatch = compare(cupy, first[out.name], expected[out.name], user.atol, user.rtol,
-                               nan_is_unwritten=False)
+            mismatch = verification.mismatch(cupy, first[out.name], expected[out.name], user.atol, user.rtol,
+                                       nan_is_unwritten=False)
             if mismatch:
                 return f"wrong result in {out.name}: {mismatch}"
         return None
@@ -400,7 +411,7 @@ def _first_outputs(cupy: Any, device: dict[str, Any], user: PreparedUser) -> dic
     (A copy that fits can still leave too little for the reference's own arrays: then the
     reference fails, an infrastructure error, never a verdict on the configuration.)"""
     try:
-        return {out.name: device[out.name].copy() for out in user.outputs}
+        return {out.name: verification.device_copy(cupy, device[out.name]) for out in user.outputs}
     except cupy.cuda.memory.OutOfMemoryError:
         log("no GPU memory for a copy of the outputs: verifying before timing")
         return device

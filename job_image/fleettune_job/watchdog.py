@@ -33,8 +33,9 @@ INFRA_PHASES = frozenset({Phase.DEVICE, Phase.SETUP, Phase.ALLOCATE, Phase.REFER
 
 # A configuration's timeout covers compiling, launching, running, verifying and timing it
 # (the TuningRun's `trialTimeoutSeconds`), not the worker's start: while a worker is still
-# finding the GPU or setting up (which includes cupy compiling its verification kernels,
-# seconds on a cold Pod), its deadline moves on, for at most SETUP_LIMIT_S.
+# finding the GPU or setting up (which includes compiling the verification kernels, under
+# a second on an H200; seconds where cupy's array code must verify), its deadline moves on,
+# for at most SETUP_LIMIT_S.
 START_PHASES = frozenset({Phase.DEVICE, Phase.SETUP})
 SETUP_LIMIT_S = 60.0
 POLL_S = 0.2  # how often a supervisor reads the progress file while it waits

@@ -181,3 +181,19 @@ def test_the_first_configuration_is_not_charged_for_cupys_own_compiles(tmp_path:
     result = supervise(trial("convolution", {}, [1024, 1024]), extra_env=env)
     assert result.outcome == Outcome.OK, result.error
     assert result.run_s is not None and result.run_s < 1.0, result.run_s
+
+
+@pytest.mark.parametrize(("name", "problem_size"), [("convolution", [1024, 1024]), ("gemm", [512, 512, 512]),
+                                                    ("scan", [4096, 64])])
+def test_verification_compiles_none_of_cupys_array_kernels(tmp_path: Path, name: str,
+                                                            problem_size: list[int]) -> None:
+    """A trial Pod's cupy cache starts empty. Its verification runs on the job's own kernels
+    (verify.cu), so cupy compiles two modules, the trial's kernel and verify.cu, not the
+    dozen elementwise and reduction kernels of the array code (6 to 8 s on an H200)."""
+    cache = tmp_path / "empty-cupy-cache"
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(JOB_IMAGE), os.environ.get("PYTHONPATH", "")) if p),
+           "CUPY_CACHE_DIR": str(cache)}
+    result = supervise(trial(name, {}, problem_size), extra_env=env)
+    assert result.outcome == Outcome.OK, result.error
+    compiled = sorted(p.name for p in cache.rglob("*") if p.is_file())
+    assert len(compiled) <= 2, compiled

@@ -226,8 +226,9 @@ def summarise(batch: Sequence[Measured], batch_wall: float, startup_s: float,
         "batch_gpu_s_per_eval": batch_wall / n,
         "batch_timed_gpu_s_per_eval": sum(m.gpu_s for m in batch) / n,
         "batch_compile_s_median": float(np.median([m.compile_s for m in batch])) if batch else float("nan"),
-        # What cupy's own compiles cost the first configuration when the worker did not
-        # compile them first (runner.warm_verification): its run_s against the others'.
+        # What compiles at first use would cost the first configuration (the worker compiles
+        # the verification kernels in its set-up, runner.warm_verification): its run_s
+        # against the others'.
         "batch_first_run_s": batch[0].gpu_s if batch else float("nan"),
         "batch_rest_run_s_median": float(np.median([m.gpu_s for m in batch[1:]])) if n > 1 else float("nan"),
         "startup_s": startup_s,

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,9 @@ class Problem(ABC):
 
     #: meaning of each ``problem_size`` entry, e.g. ``("width", "height")``
     dims: tuple[str, ...]
+    #: the function of ``kernels/verify.cu`` that computes :meth:`reference` on the GPU
+    #: without cupy's run-time compiled kernels (``fleettune_job.verification``); None: only the array code
+    reference_kernel: ClassVar[str | None] = None
 
     def validate(self, problem_size: Sequence[int]) -> None:
         if len(problem_size) != len(self.dims):
@@ -248,16 +251,19 @@ def compare(xp: Any, got: Any, expected: Any, atol: float, rtol: float = 0.0, *,
     if n_bad == 0:
         return None
     flat = int(xp.argmax(bad.ravel().astype(xp.uint8)))
-    where = tuple(int(i) for i in np.unravel_index(flat, tuple(got.shape)))
-    got_v = float(got64.ravel()[flat])
-    exp_v = float(exp64.ravel()[flat])
+    unwritten = int(xp.isnan(got64).sum()) if nan_is_unwritten else 0
+    return describe_mismatch(tuple(got.shape), n_bad, flat, float(got64.ravel()[flat]), float(exp64.ravel()[flat]),
+                             atol, rtol, unwritten)
+
+
+def describe_mismatch(shape: tuple[int, ...], n_bad: int, flat: int, got: float, expected: float,
+                      atol: float, rtol: float, unwritten: int) -> str:
+    """:func:`compare`'s diagnosis: how many elements are wrong, the first (at flat index
+    ``flat``) with its values, and how many were never written (NaN), when counted."""
+    where = [int(i) for i in np.unravel_index(flat, shape)]
     tolerance = f"tolerance {atol:g}" + (f" + {rtol:g} x |expected|" if rtol else "")
-    text = (
-        f"{n_bad} of {got.size} elements wrong ({tolerance}); first at {list(where)}: "
-        f"got {got_v:g}, expected {exp_v:g}"
-    )
-    if nan_is_unwritten:
-        unwritten = int(xp.isnan(got64).sum())
-        if unwritten:
-            text += f"; {unwritten} never written"
+    size = int(np.prod(shape))
+    text = f"{n_bad} of {size} elements wrong ({tolerance}); first at {where}: got {got:g}, expected {expected:g}"
+    if unwritten:
+        text += f"; {unwritten} never written"
     return text

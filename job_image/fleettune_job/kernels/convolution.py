@@ -26,6 +26,7 @@ VALUE_RANGE = 4
 
 
 class ConvolutionProblem(Problem):
+    reference_kernel = "reference_convolution"
     dims = ("width", "height")
 
     def defines(self, problem_size: Sequence[int], config: Mapping[str, int]) -> dict[str, int]:

@@ -20,6 +20,7 @@ VALUE_RANGE = 4
 
 
 class GemmProblem(Problem):
+    reference_kernel = "reference_gemm"
     dims = ("M", "N", "K")
 
     def defines(self, problem_size: Sequence[int], config: Mapping[str, int]) -> dict[str, int]:

@@ -20,6 +20,7 @@ VALUE_RANGE = 8
 
 
 class ScanProblem(Problem):
+    reference_kernel = "reference_scan"
     dims = ("row_length", "rows")
 
     def defines(self, problem_size: Sequence[int], config: Mapping[str, int]) -> dict[str, int]:

@@ -15,7 +15,7 @@ import pytest
 from cuda_fakes import CUDADriverError, CUDARuntimeError
 from test_job_runner import FakeCupy, scan_correct, trial
 
-from fleettune_job import batch_worker, fingerprint, runner
+from fleettune_job import batch_worker, fingerprint, runner, verification
 from fleettune_job.prepare import prepare
 from fleettune_job.protocol import TRIAL_ENV, Batch, Entry, KernelRef, Outcome, decode
 
@@ -46,6 +46,8 @@ class CubinCupy(FakeCupy):
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "_MODULES", {})
     monkeypatch.setattr(runner, "_CUBINS", {})
+    # The array code verifies here: only the trial's own modules count as compiled.
+    monkeypatch.setattr(verification, "_MODULE", {"module": None})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
 
 

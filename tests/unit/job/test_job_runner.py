@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError
+from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError, device_empty, device_empty_like
 
-from fleettune_job import fingerprint, runner
+from fleettune_job import fingerprint, runner, verification
 from fleettune_job.classify import NoGpu, Phase
 from fleettune_job.kernels import BUILTINS
 from fleettune_job.protocol import KernelRef, Outcome, Trial, decode
@@ -52,6 +52,10 @@ class FakeCupy:
 
         class RawModule:
             def __init__(self, code: str, options: tuple[str, ...]) -> None:
+                if code == verification.SOURCE.read_text():
+                    # Its kernels would be the trial's behaviour: the array code verifies here
+                    # (verify.cu runs in the emulation, test_job_user_runner.py).
+                    raise CompileException("the stand-in runs no verification kernels")
                 fake.options = options
                 if compile_error:
                     raise CompileException(compile_error)
@@ -92,6 +96,9 @@ class FakeCupy:
     def asnumpy(a: Any) -> np.ndarray:
         return np.asarray(a)
 
+    empty = staticmethod(device_empty)
+    empty_like = staticmethod(device_empty_like)
+
 
 def scan_correct(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
     args[0][...] = np.cumsum(args[1], axis=1)
@@ -109,6 +116,7 @@ def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "_DATA", {})
     monkeypatch.setattr(runner, "_REFERENCE", {})
     monkeypatch.setattr(runner, "_WARMED", set())
+    monkeypatch.setattr(verification, "_MODULE", {})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
 
 
@@ -349,7 +357,8 @@ def test_compiled_modules_are_cached_in_process(monkeypatch: pytest.MonkeyPatch)
     original = fake.RawModule
 
     def counting(code: str, options: tuple[str, ...]) -> Any:
-        constructed.append(options)
+        if code != verification.SOURCE.read_text():  # tried once per process: verification.load
+            constructed.append(options)
         return original(code, options)
 
     fake.RawModule = counting

@@ -21,16 +21,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError
+from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError, device_empty, device_empty_like
 
-from fleettune_job import fingerprint, runner
+from fleettune_job import fingerprint, runner, verification
 from fleettune_job.classify import Phase
+from fleettune_job.kernels.base import compare
 from fleettune_job.protocol import Argument, KernelRef, Outcome, Trial, Verification
 
 EMU = Path(__file__).resolve().parent / "emu"
 CXX = shutil.which("g++") or shutil.which("clang++")
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the CUDA emulation")
+VERIFY_KERNELS = ("count_mismatches_", "reference_")
 
 SOURCE = r"""
 // c = a + b; acc += scale * a in place, so that a reference run on data the candidate
@@ -69,7 +71,9 @@ class EmuKernel:
         self.emu, self.binary, self.function, self.options = emu, binary, function, options
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...]) -> None:
-        self.emu.launches.append((self.function, self.options))
+        # The job's own verification kernels (verify.cu) apart from the trial's launches.
+        launches = self.emu.checks if self.function.startswith(VERIFY_KERNELS) else self.emu.launches
+        launches.append((self.function, self.options))
         with tempfile.TemporaryDirectory(dir=self.emu.workdir) as tmp:
             params = []
             for i, arg in enumerate(args):
@@ -98,13 +102,6 @@ class OutOfMemory(Exception):
     """cupy.cuda.memory.OutOfMemoryError's stand-in."""
 
 
-class FullGpu(np.ndarray):
-    """A device array with no room left on the GPU for a copy of it."""
-
-    def copy(self, order: Any = "C") -> np.ndarray:
-        raise OutOfMemory("out of memory to allocate 4000 bytes")
-
-
 class EmuCupy:
     """numpy under cupy's names; kernels run in the C++ emulation of CUDA."""
 
@@ -112,6 +109,7 @@ class EmuCupy:
         self.workdir = workdir
         self.builds = builds
         self.launches: list[tuple[str, tuple[str, ...]]] = []
+        self.checks: list[tuple[str, tuple[str, ...]]] = []
         self.pending: Exception | None = None
         emu = self
 
@@ -150,6 +148,13 @@ class EmuCupy:
     def asarray(self, data: Any) -> np.ndarray:
         return np.array(data, copy=True)  # a device copy: never the host array itself
 
+    @staticmethod
+    def asnumpy(a: Any) -> np.ndarray:
+        return np.array(a, copy=True)
+
+    empty = staticmethod(device_empty)
+    empty_like = staticmethod(device_empty_like)
+
     def build(self, code: str, options: tuple[str, ...], function: str) -> Path:
         key = (code, options, function)
         if key in self.builds:
@@ -185,6 +190,7 @@ def emu(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactor
     monkeypatch.setattr(runner, "load_cupy", lambda: fake)
     monkeypatch.setattr(runner, "_MODULES", {})
     monkeypatch.setattr(runner, "_WARMED", set())
+    monkeypatch.setattr(verification, "_MODULE", {})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
     return fake
 
@@ -224,21 +230,35 @@ def test_a_correct_configuration_is_verified_against_the_reference_and_timed(emu
                       Phase.REFERENCE, Phase.VERIFY, Phase.TIME]
 
 
-def test_the_comparison_is_compiled_before_the_first_launch_once_per_output_dtype(
+def test_the_outputs_are_compared_by_the_jobs_own_kernels_compiled_once_before_the_first_launch(
         emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    compared: list[tuple[str, int]] = []
-    original = runner.compare
+    compared: list[str] = []
+    monkeypatch.setattr(runner, "compare", lambda *a, **kw: compared.append("array code"))
+    modules: list[str] = []
+    original = emu.RawModule
 
-    def counting(xp: Any, got: Any, expected: Any, *args: Any, **kw: Any) -> Any:
-        compared.append((str(got.dtype), got.size))
-        return original(xp, got, expected, *args, **kw)
+    def recording(code: str, options: tuple[str, ...]) -> Any:
+        modules.append("verify.cu" if code == verification.SOURCE.read_text() else "trial")
+        return original(code, options)
 
-    monkeypatch.setattr(runner, "compare", counting)
+    monkeypatch.setattr(emu, "RawModule", recording)
     assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 64})).outcome == Outcome.OK
-    # Both outputs are float32: one small comparison each before the launch, then the real ones.
-    assert compared == [("float32", runner.WARM_SIZE)] * 2 + [("float32", N)] * 2
     assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 32})).outcome == Outcome.OK
-    assert len(compared) == 6 and {("user", "float32")} == runner._WARMED
+    # verify.cu once, before the first trial's kernel; cupy's array code never (its kernels
+    # would compile at run time, seconds per Pod).
+    assert modules[0] == "verify.cu" and modules.count("verify.cu") == 1 and compared == []
+    count = ("count_mismatches_float32_float32", ())
+    assert emu.checks == [count] * 4  # both outputs, both configurations
+
+
+def test_an_output_type_verify_cu_does_not_cover_is_compared_by_the_array_code(
+        emu: EmuCupy, monkeypatch: pytest.MonkeyPatch) -> None:
+    got = np.array([1.0, 2.0, 3.5], dtype=np.float16)
+    assert not verification.covers(got.dtype, got.dtype)
+    assert verification.mismatch(emu, got, got.copy(), 0.0) is None
+    text = verification.mismatch(emu, got, np.array([1.0, 2.0, 3.0], dtype=np.float16), 0.0)
+    assert text == compare(np, got, np.array([1.0, 2.0, 3.0], dtype=np.float16), 0.0)
+    assert "1 of 3 elements wrong" in (text or "") and emu.checks == []
 
 
 def test_the_reference_configurations_outputs_are_kept_and_checked_again_on_a_mismatch(
@@ -287,7 +307,10 @@ def test_a_configuration_that_may_be_pruned_is_verified_on_its_first_launchs_out
 
 def test_without_room_for_a_copy_of_the_outputs_the_check_comes_before_timing(
         emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(emu, "asarray", lambda data: np.array(data, copy=True).view(FullGpu))
+    def full_gpu(array: Any) -> Any:
+        raise OutOfMemory(f"out of memory to allocate {array.nbytes} bytes")
+
+    monkeypatch.setattr(emu, "empty_like", full_gpu)  # no room left on the GPU for a copy
     may_prune = user_trial(tmp_path, {"BLOCK": 64}).model_copy(update={"repeats": 7, "prune_above_ms": 1.0})
     result = runner.run_trial(may_prune)
     assert result.outcome == Outcome.OK, result.error

@@ -7,6 +7,7 @@
 // as it would on a GPU. Timing and performance mean nothing in this emulation.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +36,17 @@ using std::max;
 using std::min;
 
 template <class T> inline T __ldg(const T *p) { return *p; }
+
+// The threads are real, so are the atomics.
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+inline unsigned long long atomicMin(unsigned long long *p, unsigned long long v) {
+    std::atomic_ref<unsigned long long> a(*p);
+    unsigned long long old = a.load();
+    while (v < old && !a.compare_exchange_weak(old, v)) {}
+    return old;
+}
 
 struct emu_warp {
     explicit emu_warp(int lanes) : bar(lanes) {}
