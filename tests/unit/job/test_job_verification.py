@@ -65,7 +65,7 @@ def test_the_count_agrees_with_the_array_codes_comparison(emu: EmuCupy, got: np.
     with np.errstate(invalid="ignore", over="ignore"):
         want = compare(np, got, expected, atol, rtol, nan_is_unwritten=unwritten)
     assert verification.mismatch(emu, got, expected, atol, rtol, nan_is_unwritten=unwritten) == want
-    assert emu.checks[before:] == [(f"count_mismatches_{got.dtype.name}_{expected.dtype.name}", ())]
+    assert emu.checks[before:] == [(f"count_mismatches_{got.dtype.name}_{expected.dtype.name}", verification.OPTIONS)]
 
 
 REFERENCES = [
@@ -87,7 +87,7 @@ def test_the_reference_kernels_compute_the_array_codes_reference(emu: EmuCupy, n
     inputs = {t.name: problem.fill(t, rng) for t in problem.inputs(problem_size, full)}
     before = len(emu.checks)
     got = verification.reference(emu, problem, inputs, problem_size)
-    assert emu.checks[before:] == [(f"reference_{name}", ())]
+    assert emu.checks[before:] == [(f"reference_{name}", verification.OPTIONS)]
     want = problem.reference(np, inputs, problem_size)
     assert got.dtype == np.float64 and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
@@ -120,7 +120,7 @@ def test_without_its_module_the_array_code_verifies(emu: EmuCupy, monkeypatch: p
 def test_verify_cu_compiles_for_the_fleets_gpus_and_defines_every_kernel_it_is_asked_for(
         compute_capability: str) -> None:
     source = verification.SOURCE.read_text()
-    real = nvrtc.compile_source(source, [nvrtc.arch_option(compute_capability)])
+    real = nvrtc.compile_source(source, [*verification.OPTIONS, nvrtc.arch_option(compute_capability)])
     assert real.ok, real.log
     ptx = nvrtc.compile_source(source, [nvrtc.arch_option(compute_capability, virtual=True)])
     wanted = {f"count_mismatches_{g}_{e}" for g, e in verification.PAIRS}
