@@ -88,17 +88,19 @@ def mismatch(cupy: Any, got: Any, expected: Any, atol: float, rtol: float = 0.0,
 def reference(cupy: Any, problem: Problem, inputs: Mapping[str, Any], problem_size: Sequence[int]) -> Any:
     """The problem's expected output (float64), by its kernel in verify.cu when it has one."""
     module = load(cupy) if problem.reference_kernel else None
-    arrays = list(inputs.values())
+    arrays = list(inputs.values())  # in the problem's input order (runner._draw)
     shape = tuple(int(n) for n in problem.output(problem_size).shape)
-    if (module is None or len(shape) != 2 or not 1 <= len(arrays) <= 2 or -(-shape[0] // TILE) > MAX_GRID_Y
-            or any(a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous for a in arrays)):
+    if (module is None or len(shape) != 2 or not 1 <= len(arrays) <= 2
+            or any(a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous for a in arrays)
+            or max(*shape, *(n for a in arrays for n in a.shape)) >= 2**31):  # verify.cu's sizes are ints
         return problem.reference(cupy, inputs, problem_size)
     rows, cols = shape
     out = cupy.empty(shape, dtype=np.float64)
     second = arrays[1] if len(arrays) == 2 else arrays[0]
-    # verify.cu's reference signature: out, first, second input, out's shape, second's shape.
+    # verify.cu's reference signature: out, first, second input, out's shape, second's shape;
+    # beyond MAX_GRID_Y block rows, the kernels stride over the rest.
     module.get_function(problem.reference_kernel)(
-        (-(-cols // TILE), -(-rows // TILE), 1), (TILE, TILE, 1),
+        (-(-cols // TILE), min(-(-rows // TILE), MAX_GRID_Y), 1), (TILE, TILE, 1),
         (out, arrays[0], second, np.int32(rows), np.int32(cols), np.int32(second.shape[0]), np.int32(second.shape[1])))
     return out
 

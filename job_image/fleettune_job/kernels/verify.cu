@@ -3,60 +3,69 @@
 // reduction kernels, which the array code would use instead, compile at run time with
 // cupy's headers, about 6 s per trial Pod on an H200.
 //
-// Every reference kernel runs on a 2D grid of 16 x 16 blocks over its output
-// (x: columns, y: rows) and has one signature: the float64 output, the problem's first
-// and second float32 inputs (the second may be null), the output's rows and columns, and
-// the second input's rows and columns. Inputs are read as float32 and summed in float64,
-// exactly as the array code's references do.
+// Every reference kernel runs on a 2D grid of 16 x 16 blocks over its output (x: columns,
+// y: rows; a grid of at most 65535 block rows strides over more rows) and has one
+// signature: the float64 output, the problem's first and second float32 inputs (the
+// second may be the first again), the output's rows and columns, and the second input's
+// rows and columns. Inputs are read as float32 and summed in float64, exactly as the array
+// code's references do.
 
 #define REF_TILE 16
 
 // The convolution of the image (rows + fh - 1) x (cols + fw - 1) with the filter fh x fw.
-extern "C" __global__ void reference_convolution(double *out, const float *image, const float *filter,
-                                                 int rows, int cols, int fh, int fw) {
+extern "C" __global__ void reference_convolution(double *__restrict__ out, const float *__restrict__ image,
+                                                 const float *__restrict__ filter, int rows, int cols, int fh,
+                                                 int fw) {
     const int x = blockIdx.x * blockDim.x + threadIdx.x;
-    const int y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x >= cols || y >= rows) return;
+    if (x >= cols) return;
     const long long stride = (long long)cols + fw - 1;
-    double acc = 0.0;
-    for (int i = 0; i < fh; ++i)
-        for (int j = 0; j < fw; ++j)
-            acc += (double)image[(y + i) * stride + x + j] * (double)filter[i * fw + j];
-    out[(long long)y * cols + x] = acc;
+    for (long long y = blockIdx.y * (long long)blockDim.y + threadIdx.y; y < rows;
+         y += (long long)gridDim.y * blockDim.y) {
+        double acc = 0.0;
+        for (int i = 0; i < fh; ++i)
+            for (int j = 0; j < fw; ++j)
+                acc += (double)image[(y + i) * stride + x + j] * (double)filter[i * fw + j];
+        out[y * cols + x] = acc;
+    }
 }
 
 // C (rows x cols) = A (rows x k) B (k x cols), through shared-memory tiles: a reference of
 // 4096^3 takes a moment this way, where one thread per output reading global memory would
-// take seconds.
-extern "C" __global__ void reference_gemm(double *out, const float *a, const float *b,
-                                          int rows, int cols, int k, int b_cols) {
+// take seconds. Every thread of a block runs the same iterations (no early return): each
+// reaches every __syncthreads().
+extern "C" __global__ void reference_gemm(double *__restrict__ out, const float *__restrict__ a,
+                                          const float *__restrict__ b, int rows, int cols, int k, int b_cols) {
     __shared__ double ta[REF_TILE][REF_TILE];
     __shared__ double tb[REF_TILE][REF_TILE];
     const int x = blockIdx.x * REF_TILE + threadIdx.x;
-    const int y = blockIdx.y * REF_TILE + threadIdx.y;
-    double acc = 0.0;
-    for (int k0 = 0; k0 < k; k0 += REF_TILE) {
-        const int ka = k0 + threadIdx.x, kb = k0 + threadIdx.y;
-        ta[threadIdx.y][threadIdx.x] = (y < rows && ka < k) ? (double)a[(long long)y * k + ka] : 0.0;
-        tb[threadIdx.y][threadIdx.x] = (x < cols && kb < k) ? (double)b[(long long)kb * cols + x] : 0.0;
-        __syncthreads();
-        for (int i = 0; i < REF_TILE; ++i) acc += ta[threadIdx.y][i] * tb[i][threadIdx.x];
-        __syncthreads();
+    for (long long y0 = blockIdx.y * (long long)REF_TILE; y0 < rows; y0 += (long long)gridDim.y * REF_TILE) {
+        const long long y = y0 + threadIdx.y;
+        double acc = 0.0;
+        for (int k0 = 0; k0 < k; k0 += REF_TILE) {
+            const int ka = k0 + threadIdx.x, kb = k0 + threadIdx.y;
+            ta[threadIdx.y][threadIdx.x] = (y < rows && ka < k) ? (double)a[y * k + ka] : 0.0;
+            tb[threadIdx.y][threadIdx.x] = (x < cols && kb < k) ? (double)b[(long long)kb * cols + x] : 0.0;
+            __syncthreads();
+            for (int i = 0; i < REF_TILE; ++i) acc += ta[threadIdx.y][i] * tb[i][threadIdx.x];
+            __syncthreads();
+        }
+        if (x < cols && y < rows) out[y * cols + x] = acc;
     }
-    if (x < cols && y < rows) out[(long long)y * cols + x] = acc;
 }
 
 // The inclusive prefix sum of each row: one thread per row (the first column's), in order.
-extern "C" __global__ void reference_scan(double *out, const float *in, const float *unused,
-                                          int rows, int cols, int unused_rows, int unused_cols) {
-    const int x = blockIdx.x * blockDim.x + threadIdx.x;
-    const int y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x != 0 || y >= rows) return;
-    const long long row = (long long)y * cols;
-    double acc = 0.0;
-    for (int c = 0; c < cols; ++c) {
-        acc += (double)in[row + c];
-        out[row + c] = acc;
+extern "C" __global__ void reference_scan(double *__restrict__ out, const float *__restrict__ in,
+                                          const float *unused, int rows, int cols, int unused_rows,
+                                          int unused_cols) {
+    if (blockIdx.x * blockDim.x + threadIdx.x != 0) return;
+    for (long long y = blockIdx.y * (long long)blockDim.y + threadIdx.y; y < rows;
+         y += (long long)gridDim.y * blockDim.y) {
+        const long long row = y * cols;
+        double acc = 0.0;
+        for (int c = 0; c < cols; ++c) {
+            acc += (double)in[row + c];
+            out[row + c] = acc;
+        }
     }
 }
 

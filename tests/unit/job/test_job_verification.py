@@ -69,17 +69,24 @@ def test_the_count_agrees_with_the_array_codes_comparison(emu: EmuCupy, got: np.
 
 
 REFERENCES = [
-    ("convolution", {"filter_height": 5, "filter_width": 3}, [40, 26]),
-    ("convolution", {}, [19, 17]),  # the recorded 15 x 15 filter
-    ("gemm", {}, [33, 20, 17]),
-    ("scan", {}, [301, 4]),
+    ("convolution", {"filter_height": 5, "filter_width": 3}, [40, 26], None),
+    ("convolution", {}, [19, 17], None),  # the recorded 15 x 15 filter
+    ("gemm", {}, [33, 20, 17], None),
+    ("scan", {}, [301, 4], None),
+    # A grid of one block row striding over all of them (as beyond 65535 block rows).
+    ("convolution", {"filter_height": 3, "filter_width": 5}, [21, 40], 1),
+    ("gemm", {}, [35, 9, 20], 1),
+    ("scan", {}, [7, 40], 1),
 ]
 
 
-@pytest.mark.parametrize(("name", "config", "problem_size"), REFERENCES,
+@pytest.mark.parametrize(("name", "config", "problem_size", "max_grid_y"), REFERENCES,
                          ids=[f"{r[0]}-{i}" for i, r in enumerate(REFERENCES)])
 def test_the_reference_kernels_compute_the_array_codes_reference(emu: EmuCupy, name: str, config: dict[str, int],
-                                                                 problem_size: list[int]) -> None:
+                                                                 problem_size: list[int], max_grid_y: int | None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    if max_grid_y is not None:
+        monkeypatch.setattr(verification, "MAX_GRID_Y", max_grid_y)
     descriptor = BUILTINS[name]
     problem = descriptor.problem
     full = descriptor.resolve(config)
