@@ -3,9 +3,9 @@
 The array code (:func:`fleettune_job.kernels.base.compare`, a problem's ``reference``)
 runs on cupy's elementwise and reduction kernels, which cupy compiles at run time, with
 its own headers, into an on-disk cache. A trial Pod's cache is an empty ``emptyDir``, so
-every Pod compiled them again: 6 to 8 s of its GPU time on an H200, a third of a batch
-of 48 (docs/bench-job.md). These kernels are plain CUDA with no headers; a worker
-compiles them once, in a fraction of a second, in its set-up phase.
+every Pod compiled them again: 6 to 8 s of its GPU time on an H200, more than half of a
+48-configuration batch Pod's (docs/bench-job.md). These kernels are plain CUDA with no
+headers; a worker compiles them once, in a fraction of a second, in its set-up phase.
 
 Each function falls back to the array code where the kernels do not apply (an output
 type they do not cover, an array that is not contiguous) or did not compile: the verdict
