@@ -13,7 +13,8 @@ warm-started from the previous checkpoint's fit, so that a study rebuilt from it
 history retraces the same fits and suggests the same.
 
 Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
-configurations and probes of other code paths first, then a residual model on top of the
+configurations and probes of other code paths first (on a prior's plateau, its best and
+space-filling points of the plateau instead, ``prior_plateau``), then a residual model on top of the
 prior's GP, refitted after each of this pool's first evaluations (``warm_refit``); after the
 first suggestions, every ``prior_hedge``-th pick is the model's pick from this pool's results
 alone (with the prior GP's length-scales, ``prior_lengthscales``); a prior that leaves the
@@ -99,6 +100,13 @@ class BayesOptions(StrategyOptions):
         "picks): a prior whose best region is only good here (which its rank correlation cannot see) then holds "
         "the search at most in the other picks. 0: never.", low=0, warm_only=True,
     )
+    prior_plateau: float = non_negative(
+        0.02, "With warm-start data, when the prior's GP predicts at least this share of the candidates within "
+        "5 % of its best, the study first measures the prior's best and 3 space-filling points among those "
+        "candidates, instead of the prior's next best, code-path probes and contrast points: which configuration "
+        "of so wide a plateau another GPU runs fastest is not in the prior (see WarmStart.plateau). 0: never.",
+        warm_only=True,
+    )
     prior_lengthscales: bool = boolean(
         True, "With warm-start data, the hedged picks' model (this pool's results alone, see prior_hedge) uses "
         "the prior GP's length-scales instead of its own: how much each parameter matters carries over from "
@@ -181,6 +189,7 @@ class BayesOpt(Strategy):
         self.warm = WarmStart(
             candidates, self._features, self.fitting, top=o.prior_top, paths=o.prior_paths, combine=o.prior_combine,
             patience=o.prior_patience, gain=o.min_gain, residual=o.warm_model == "residual", fit_iter=o.fit_iter,
+            plateau=o.prior_plateau,
         )
 
     def _features(self, idx: np.ndarray, feas: bool = False) -> torch.Tensor:

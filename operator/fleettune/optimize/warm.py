@@ -4,7 +4,9 @@ results of another pool, driver or problem size).
 The best prior configurations are measured first, then probes of the other code paths
 the prior may have wrongly ruled out (`WarmStart.path_probes`) and the prior best's two
 helping moves combined (`WarmStart.combination`), with a few space-filling points among
-them; then this pool's log times are modelled as the prediction of a GP
+them; where the prior rates a large share of the space within 5 % of its best (a
+plateau), its best and space-filling points on the plateau instead (`WarmStart.plateau`);
+then this pool's log times are modelled as the prediction of a GP
 fitted to the prior alone, shifted by their mean offset, plus a residual GP fitted to
 this pool's data (the "residual" warm model).
 
@@ -45,6 +47,11 @@ DESIGN = 10
 # After the prior's best, a warm study measures this many space-filling points: what the
 # prior rates best cannot show on its own whether the prior's ranking holds here.
 CONTRAST = 3
+# A prior's plateau: the candidates its GP predicts within this fraction of its best.
+PLATEAU_LEVEL = 0.95
+# On a plateau, after the prior's best, a warm study measures this many space-filling
+# points of the plateau (`WarmStart.plateau`).
+PLATEAU_DESIGN = 3
 
 
 def _none() -> np.ndarray:
@@ -125,6 +132,7 @@ class WarmStart:
         gain: float,
         residual: bool,
         fit_iter: int,
+        plateau: float = 0.0,
         trust: PriorTrust | None = PriorTrust(),
     ) -> None:
         self.candidates = candidates
@@ -132,10 +140,12 @@ class WarmStart:
         self._fitting = fitting
         self.top, self.paths, self.combine, self.patience, self.gain = top, paths, combine, patience, gain
         self.residual_model, self.fit_iter = residual, fit_iter
+        self.plateau_share = plateau  # 0: never (see `plateau`)
         self.trust = trust  # None: the prior keeps its full weight (the behaviour before issue 18)
         self._prior: tuple[int, Posterior, float, float] | None = None
         self._prior_cand: torch.Tensor | None = None
         self._paths: tuple[np.ndarray, np.ndarray] | None = None  # code-path keys, path of each candidate
+        self._plateau: tuple[int, np.ndarray] | None = None  # prior size, candidates on the prior's plateau
         self._weights: dict[tuple[int, int], float] = {}
 
     # -- the residual model -------------------------------------------------------------
@@ -254,6 +264,9 @@ class WarmStart:
         wrong way looks no different from one that is right."""
         if self.weight(history) < SKIP_SEEDS_BELOW:
             return self.design(history, pending, available)
+        plateau = self.plateau(history)
+        if plateau is not None:
+            return self._plateau_seeds(history, plateau, pending, available)
         n_current = int((history.task == 1).sum()) + len(pending)
         contrast = CONTRAST if self.trust is not None else 0
         if n_current >= self.top + contrast + 3 * self.paths + 1:  # path_probes: at most 3 * paths; combination: 1
@@ -290,6 +303,50 @@ class WarmStart:
             taken = np.concatenate([np.asarray(pending, dtype=np.int64), np.asarray(out, dtype=np.int64)])
             out.extend(int(c) for c in self._maximin(history, taken, free, min(left, budget - len(out))))
         walk(np.concatenate([probes, order[self.top :]]), budget)
+        return np.array(out, dtype=np.int64)
+
+    def plateau(self, history: History) -> np.ndarray | None:
+        """The candidates the prior GP predicts within `PLATEAU_LEVEL` of its best, when
+        they are at least the share ``plateau_share`` of all candidates; else None.
+
+        Where that many configurations are about as fast as the prior's best (a
+        dedispersion kernel on an NVIDIA GPU: 5 to 40 % of the space within 5 %), which of
+        them another GPU runs fastest is not in the prior: the order of its next best, and
+        of its code paths' bests, is within its own noise. The prior still tells where the
+        fast configurations are: on the benchmark hub's AMD GPUs, each one within 0.95 of
+        the optimum sits on the NVIDIA GPUs' plateau. So a warm study measures the prior's
+        best, then space-filling points of the plateau, which show the model how the
+        plateau differs here, instead of the prior's next best, probes and contrast
+        points. The recorded spaces of the other families have at most 0.5 % of their
+        candidates on their plateau (docs/optimizer.md)."""
+        if self.plateau_share <= 0:
+            return None
+        n0 = int((history.task == 0).sum())
+        if self._plateau is None or self._plateau[0] != n0:
+            mean = self._prior_mean(history).numpy()
+            _, _, sd = self.model(history)
+            on = mean <= mean.min() + math.log(1 / PLATEAU_LEVEL) / sd  # log times, on the prior's z scale
+            self._plateau = (n0, on)
+        on = self._plateau[1]
+        return on if on.mean() >= self.plateau_share else None
+
+    def _plateau_seeds(self, history: History, plateau: np.ndarray, pending: np.ndarray,
+                       available: np.ndarray) -> np.ndarray:
+        """A warm study's first suggestions on a prior's `plateau`: the prior's best, then
+        `PLATEAU_DESIGN` space-filling points of the plateau."""
+        n_current = int((history.task == 1).sum()) + len(pending)
+        if n_current >= 1 + PLATEAU_DESIGN:
+            return _none()
+        prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
+        out: list[int] = []
+        if n_current == 0 and len(prior):
+            best = int(history.cand[prior[np.argmin(history.value[prior])]])
+            if available[best] and best not in pending:
+                out.append(best)
+        free = available & plateau
+        free[np.asarray(out, dtype=np.int64)] = False
+        taken = np.concatenate([np.asarray(pending, dtype=np.int64), np.asarray(out, dtype=np.int64)])
+        out.extend(int(c) for c in self._maximin(history, taken, free, 1 + PLATEAU_DESIGN - n_current - len(out)))
         return np.array(out, dtype=np.int64)
 
     def combination(self, history: History, best: int, among: int) -> int | None:

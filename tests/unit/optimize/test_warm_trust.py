@@ -11,7 +11,7 @@ import pytest
 
 from conftest import hidden_infeasible, objective, run
 from fleettune.optimize import Study
-from fleettune.optimize.warm import CONTRAST, DESIGN, SKIP_SEEDS_BELOW, PriorTrust
+from fleettune.optimize.warm import CONTRAST, DESIGN, PLATEAU_DESIGN, SKIP_SEEDS_BELOW, PriorTrust
 from fleettune_job.protocol import Outcome
 
 FAST = {"fit_iter": 30}
@@ -300,3 +300,29 @@ def test_the_hedged_picks_can_model_with_the_prior_length_scales(space) -> None:
     own_ls = cold.strategy._model(cold.history).gp.hyper.lengthscale
     assert not np.allclose(own_ls, prior_ls), "the test needs a prior whose length-scales differ from the pool's"
     assert pick != off
+
+
+def test_on_a_prior_plateau_the_study_measures_its_best_then_spreads_over_the_plateau(space) -> None:
+    """A prior that rates a third of the space (layout "b") about equally fast, and the
+    rest three times slower: its next best and its code paths' bests are noise, so the
+    study measures the prior's best, then space-filling points of the plateau, and no
+    code-path probe (the layouts are code paths). A prior with a sharp best keeps the
+    usual first suggestions."""
+    rng = np.random.default_rng(5)
+    flat = _prior(space, lambda c: (1.0 if c["layout"] == "b" else 3.0) * (1 + 0.01 * rng.random()), n=90)
+    study = _fed(space, flat, 1 + PLATEAU_DESIGN)
+    warm = study.strategy.warm
+    plateau = warm.plateau(study.history)
+    assert plateau is not None and 0.2 < plateau.mean() < 0.5
+    cand = study.history.cand[study.n_prior:]
+    best = min((p for p in flat if p[2] is not None), key=lambda p: p[2])[0]
+    own = space.to_configs(study.candidates.rows[cand])
+    assert own[0] == best and all(c["layout"] == "b" for c in own)
+    assert plateau[cand].all() and len(set(cand.tolist())) == len(cand)
+    none = np.zeros(0, dtype=np.int64)
+    assert len(warm.seeds(study.history, none, ~study._observed)) == 0  # the model leads from here
+    # Switched off, or with a sharp prior: the prior's three best and the probes.
+    warm.plateau_share = 0.0
+    assert warm.plateau(study.history) is None
+    sharp = _fed(space, _prior(space, lambda c: 1.7 * objective(c)), 0)
+    assert sharp.strategy.warm.plateau(sharp.history) is None
