@@ -317,7 +317,7 @@ class WarmStart:
         the optimum sits on the NVIDIA GPUs' plateau. So a warm study measures the prior's
         best, then space-filling points of the plateau, which show the model how the
         plateau differs here, instead of the prior's next best, probes and contrast
-        points. The recorded spaces of the other families have at most 0.5 % of their
+        points. The recorded spaces of the other families have at most 0.8 % of their
         candidates on their plateau (docs/optimizer.md)."""
         if self.plateau_share <= 0:
             return None
