@@ -374,7 +374,7 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
     def mismatch_in(expected: dict[str, Any]) -> str | None:
         for out in user.outputs:
             mismatch = verification.mismatch(cupy, first[out.name], expected[out.name], user.atol, user.rtol,
-                                       nan_is_unwritten=False)
+                                             nan_is_unwritten=False)
             if mismatch:
                 return f"wrong result in {out.name}: {mismatch}"
         return None

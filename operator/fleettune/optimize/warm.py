@@ -271,8 +271,7 @@ class WarmStart:
         contrast = CONTRAST if self.trust is not None else 0
         if n_current >= self.top + contrast + 3 * self.paths + 1:  # path_probes: at most 3 * paths; combination: 1
             return _none()
-        prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
-        order = history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
+        order = self._prior_order(history)
         if len(order) == 0:
             return _none()
         probes = self.path_probes(history, int(order[0]))
@@ -304,6 +303,11 @@ class WarmStart:
             out.extend(int(c) for c in self._maximin(history, taken, free, min(left, budget - len(out))))
         walk(np.concatenate([probes, order[self.top :]]), budget)
         return np.array(out, dtype=np.int64)
+
+    def _prior_order(self, history: History) -> np.ndarray:
+        """The candidates the prior ran, fastest first."""
+        prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
+        return history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
 
     def plateau(self, history: History) -> np.ndarray | None:
         """The candidates the prior GP predicts within `PLATEAU_LEVEL` of its best, when
@@ -337,10 +341,10 @@ class WarmStart:
         n_current = int((history.task == 1).sum()) + len(pending)
         if n_current >= 1 + PLATEAU_DESIGN:
             return _none()
-        prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
+        order = self._prior_order(history)
         out: list[int] = []
-        if n_current == 0 and len(prior):
-            best = int(history.cand[prior[np.argmin(history.value[prior])]])
+        if n_current == 0 and len(order):
+            best = int(order[0])
             if available[best] and best not in pending:
                 out.append(best)
         free = available & plateau
