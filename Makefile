@@ -32,8 +32,10 @@ lint: install
 	@out=$$($(VENV)/bin/lint-imports --no-logo 2>&1) || { printf '%s\n' "$$out"; exit 1; }
 	@$(VENV)/bin/mypy --no-error-summary
 
+# Two workers: the integration tests (one control plane) in one, the unit tests beside them
+# (tests/conftest.py).
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 unit: install
 	$(PY) -m pytest tests/unit

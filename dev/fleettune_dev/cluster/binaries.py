@@ -13,6 +13,8 @@ the log only, whose path a failure repeats with the last lines.
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 KUBE_VERSION = "v1.34.10"
 ETCD_VERSION = "v3.5.33"
@@ -55,6 +58,36 @@ def cache_root() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fleettune"
     )
     return Path(base)
+
+
+T = TypeVar("T")
+
+
+def exclusive(name: str) -> Callable[[Callable[[Progress | None], T]], Callable[[Progress | None], T]]:
+    """Run a cache builder under an exclusive lock of the cache (``locks/<name>.lock``).
+
+    Two processes that need the same tool (the two workers of `make test`, a demo beside
+    a test run) would otherwise build it at once into the same work directory and
+    ``.partial`` output, each deleting the other's; with the lock the second waits, then
+    finds the tool built."""
+
+    def wrap(build: Callable[[Progress | None], T]) -> Callable[[Progress | None], T]:
+        @functools.wraps(build)
+        def locked(progress: Progress | None = None) -> T:
+            path = cache_root() / "locks" / f"{name}.lock"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("w") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+                    say(f"waiting for another process to finish building {name}")
+                    fcntl.flock(fh, fcntl.LOCK_EX)
+                return build(progress)
+
+        return locked
+
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -270,6 +303,7 @@ def _kwok_module_dir(work: Path) -> Path:
     return Path(proc.stdout.strip())
 
 
+@exclusive("helm")
 def ensure_helm(progress: Progress | None = None) -> Path:
     """Return the cached helm binary, building it on first use (a few minutes on a cold cache)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -332,6 +366,7 @@ def _debian_promtool(out: Path, say: Progress) -> Path | None:
         return out / "promtool"
 
 
+@exclusive("promtool")
 def ensure_promtool(progress: Progress | None = None) -> Path:
     """Return the cached promtool (Prometheus's own checker): Debian's package where apt
     reaches it (`_debian_promtool`), else built on first use.
@@ -375,6 +410,7 @@ def ensure_promtool(progress: Progress | None = None) -> Path:
     return out / "promtool"
 
 
+@exclusive("kueue")
 def ensure_kueue(progress: Progress | None = None) -> tuple[Path, Path]:
     """Return the cached Kueue manager and the directory of its manifests (``crd/`` and
     ``webhook/``: Kueue's config/components/ kustomize bases of the CRDs and the webhook
@@ -423,6 +459,7 @@ def _module_dir(work: Path, module: str, version: str) -> Path:
     return Path(json.loads(proc.stdout)["Dir"])
 
 
+@exclusive("control-plane")
 def ensure_binaries(progress: Progress | None = None) -> Binaries:
     """Return the cached binaries, building whatever is missing (minutes on a cold cache)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleettune_dev.cluster.binaries import Progress, _build_module, cache_root
+from fleettune_dev.cluster.binaries import Progress, _build_module, cache_root, exclusive
 
 KSTATUS_VERSION = "v0.37.2"  # sigs.k8s.io/cli-utils
 
@@ -82,6 +82,7 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@exclusive("kstatus")
 def ensure_kstatus(progress: Progress | None = None) -> Path:
     """The cached kstatus program, built on first use (about a minute or two on a cold cache)."""
     out = cache_root() / "bin" / f"kstatus-{KSTATUS_VERSION}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 
 import pytest
 
@@ -47,3 +49,29 @@ def test_the_build_says_little_and_logs_everything(tmp_path, monkeypatch):
                       tmp_path, said.append, "kubernetes", log)
     text = str(failed.value)
     assert "exit code 1" in text and "404 Not Found" in text and text.endswith(f"full log: {log}")
+
+
+def test_two_callers_needing_one_tool_build_it_once(tmp_path, monkeypatch):
+    """`make test`'s two workers both ask for every cached tool before their first test."""
+    monkeypatch.setenv("FLEETTUNE_CACHE", str(tmp_path))
+    out, builds, said = tmp_path / "tool", [], []
+    building = threading.Event()
+
+    @binaries.exclusive("tool")
+    def ensure(progress=None):
+        if out.exists():
+            return out
+        building.set()
+        builds.append(threading.get_ident())
+        time.sleep(0.3)  # the other caller arrives while this one builds
+        out.write_text("built")
+        return out
+
+    first = threading.Thread(target=ensure)
+    first.start()
+    assert building.wait(10)
+    assert ensure(said.append) == out  # waits for the first, then finds the tool built
+    first.join()
+    assert len(builds) == 1
+    assert said == ["waiting for another process to finish building tool"]
+    assert (tmp_path / "locks" / "tool.lock").exists()
