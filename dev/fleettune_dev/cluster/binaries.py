@@ -63,6 +63,11 @@ def cache_root() -> Path:
 T = TypeVar("T")
 
 
+def to_stderr(msg: str) -> None:
+    """The builders' progress where the caller passes none."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def exclusive(name: str) -> Callable[[Callable[[Progress | None], T]], Callable[[Progress | None], T]]:
     """Run a cache builder under an exclusive lock of the cache (``locks/<name>.lock``).
 
@@ -80,7 +85,7 @@ def exclusive(name: str) -> Callable[[Callable[[Progress | None], T]], Callable[
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+                    say = progress or to_stderr
                     say(f"waiting for another process to finish building {name}")
                     fcntl.flock(fh, fcntl.LOCK_EX)
                 return build(progress)
@@ -306,7 +311,7 @@ def _kwok_module_dir(work: Path) -> Path:
 @exclusive("helm")
 def ensure_helm(progress: Progress | None = None) -> Path:
     """Return the cached helm binary, building it on first use (a few minutes on a cold cache)."""
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = progress or to_stderr
     root = cache_root()
     out = root / "bin" / f"helm-{HELM_VERSION}"
     if (out / "helm").exists():
@@ -376,7 +381,7 @@ def ensure_promtool(progress: Progress | None = None) -> Path:
     are left out, which `check metrics`, `check rules` and `test rules` never use, so only the
     modules that promtool's other packages import are downloaded.
     """
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = progress or to_stderr
     root = cache_root()
     debian = root / "bin" / "promtool-debian"
     if (debian / "promtool").exists():
@@ -420,7 +425,7 @@ def ensure_kueue(progress: Progress | None = None) -> tuple[Path, Path]:
     The manifests are copied from the module next to the binary, like kwok's stages, so
     the cache entry works without the module cache.
     """
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = progress or to_stderr
     root = cache_root()
     out = root / "bin" / f"kueue-{KUEUE_VERSION}"
     work = root / "src" / "kueuebin"
@@ -462,7 +467,7 @@ def _module_dir(work: Path, module: str, version: str) -> Path:
 @exclusive("control-plane")
 def ensure_binaries(progress: Progress | None = None) -> Binaries:
     """Return the cached binaries, building whatever is missing (minutes on a cold cache)."""
-    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = progress or to_stderr
     root = cache_root()
     etcd = _ensure_etcd(root, say)
     kwok, kwok_stages = _ensure_kwok(root, say)

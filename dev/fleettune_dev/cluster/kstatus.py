@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from fleettune_dev.cluster.binaries import Progress, _build_module, cache_root, exclusive
+from fleettune_dev.cluster.binaries import Progress, _build_module, cache_root, exclusive, to_stderr
 
 KSTATUS_VERSION = "v0.37.2"  # sigs.k8s.io/cli-utils
 
@@ -78,17 +77,13 @@ func main() {
 """
 
 
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 @exclusive("kstatus")
 def ensure_kstatus(progress: Progress | None = None) -> Path:
     """The cached kstatus program, built on first use (about a minute or two on a cold cache)."""
     out = cache_root() / "bin" / f"kstatus-{KSTATUS_VERSION}"
     if not (out / "kstatus").exists():
         gomod = f"module local.test/kstatus\n\ngo 1.24.0\n\nrequire sigs.k8s.io/cli-utils {KSTATUS_VERSION}\n"
-        _build_module(cache_root() / "src" / "kstatusbin", gomod, ["."], out, "-s -w", progress or _say,
+        _build_module(cache_root() / "src" / "kstatusbin", gomod, ["."], out, "-s -w", progress or to_stderr,
                       f"kstatus {KSTATUS_VERSION}", sources={"main.go": _MAIN})
     return out / "kstatus"
 
