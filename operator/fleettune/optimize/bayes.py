@@ -1,7 +1,8 @@
 """Bayesian optimisation over a discrete candidate set with hidden constraints.
 
 Per suggestion: one GP for log(time) on the feasible observations (failed points enter
-it only as believers, see `_bayes`), one GP classifier for feasibility, LogEI +
+it only as believers, see `_bayes`; every ``rank_every``-th pick of a study without a
+prior, a GP of the times' ranks instead), one GP classifier for feasibility, LogEI +
 feas_power * log P(feasible) over the not-yet-evaluated candidates (EI on the model's
 variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
@@ -76,6 +77,13 @@ class BayesOptions(StrategyOptions):
     transform: str = one_of(
         "log", 'Objective transform: "log" (log time, standardised) or "copula" (ranks to normal scores).',
         ("log", "copula"),
+    )
+    rank_every: int = integer(
+        3, "Without warm-start data (or once it is dropped), every this-many-th model pick ranks by a GP of the "
+        'objective\'s ranks (normal scores, as transform "copula") rather than of `transform`: where most '
+        "configurations are 10-100 times slower than the best (convolution_milo on AMD GPUs), log times spend the "
+        "model on that tail and it stops resolving the fast region; ranks cannot see how much slower a code path "
+        "is, which other spaces need, hence a share of the picks. 0: never.", low=0,
     )
     prior_top: int = integer(
         3, "With warm-start data, first re-measure this many of the best prior configurations.", warm_only=True
@@ -183,7 +191,7 @@ class BayesOpt(Strategy):
 
     def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(candidates, seed, options)
-        self._fits: dict[tuple[int, int], tuple[Hyper | None, Hyper | None]] = {}
+        self._fits: dict[tuple[int, int, str], tuple[Hyper | None, Hyper | None]] = {}
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
         o = self.options
         self.warm = WarmStart(
@@ -202,7 +210,7 @@ class BayesOpt(Strategy):
 
     # -- model ------------------------------------------------------------------------
 
-    def _targets(self, history: History) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _targets(self, history: History, transform: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Transformed objective of the feasible points, each task on its own scale
         (a prior pool's absolute times say nothing about this one's), and noise."""
         if self.warm.residual(history):
@@ -216,7 +224,7 @@ class BayesOpt(Strategy):
             sel = history.task[ok] == task
             if not sel.any():
                 continue
-            z[sel], scale = _transform(y[sel], self.options.transform)
+            z[sel], scale = _transform(y[sel], transform)
             noise[sel] *= scale
         return ok, z, noise
 
@@ -242,15 +250,16 @@ class BayesOpt(Strategy):
         # is the correlation between the old and the new pool): used, not blindly trusted.
         return bool((history.task == 0).any())
 
-    def _fit(self, history: History, m: int) -> tuple[Hyper | None, Hyper | None]:
-        key = (m, int((history.task == 0).sum()))  # a history without its prior is another chain
+    def _fit(self, history: History, m: int, transform: str) -> tuple[Hyper | None, Hyper | None]:
+        # A history without its prior, or on another scale, is another chain of fits.
+        key = (m, int((history.task == 0).sum()), transform)
         if key in self._fits:
             return self._fits[key]
         marks = self._marks(history, m)
         prev = marks[-2] if len(marks) > 1 and marks[-1] == m else None
-        init_r, init_c = self._fit(history, prev) if prev else (None, None)
+        init_r, init_c = self._fit(history, prev, transform) if prev else (None, None)
         h = history.prefix(m)
-        ok, z, noise = self._targets(h)
+        ok, z, noise = self._targets(h, transform)
         if init_r is not None and len(init_r.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
             init_r = None  # the previous fit had a task column (residual model from here on)
         hyper_r = None
@@ -286,8 +295,13 @@ class BayesOpt(Strategy):
         rest[seeds] = False
         taken = np.concatenate([pending, seeds])
         n_cold = self._hedged(n_current + len(taken), n - len(seeds)) if has_prior else 0
-        n_warm = n - len(seeds) - n_cold
+        n_ranked = 0 if has_prior else self._ranked(n_current + len(taken), n)
+        n_warm = n - len(seeds) - n_cold - n_ranked
         more = self._bayes(n_warm, history, taken, rest, rng) if n_warm else np.zeros(0, dtype=np.int64)
+        if n_ranked:
+            rest[more] = False
+            ranked = self._bayes(n_ranked, history, np.concatenate([taken, more]), rest, rng, transform="copula")
+            more = np.concatenate([more, ranked])
         if n_cold:
             # The model's pick from this pool's results alone, as a cold study past its
             # design makes it (its generator, its chain of fits), but with the prior GP's
@@ -311,8 +325,12 @@ class BayesOpt(Strategy):
         """How many of ``n`` model picks, the first of them this study's ``first``-th own
         evaluation (counting from 0, pending ones included), are a cold study's
         (``prior_hedge``)."""
-        k = self.options.prior_hedge
-        return 0 if k <= 0 else sum(1 for i in range(first, first + n) if i % k == k - 1)
+        return _every(self.options.prior_hedge, first, n)
+
+    def _ranked(self, first: int, n: int) -> int:
+        """How many of ``n`` model picks (``first`` as in `_hedged`) rank by a model of
+        the objective's ranks (``rank_every``)."""
+        return 0 if self.options.transform == "copula" else _every(self.options.rank_every, first, n)
 
     def prior_misleads(self, history: History) -> bool:
         """Whether the warm-start data are dropped (see `WarmStart.misleads`)."""
@@ -329,11 +347,15 @@ class BayesOpt(Strategy):
             chosen = np.vstack([chosen, self.candidates.x[pending]])
         return maximin(self.candidates.x, available, chosen, n, rng, self._weights)
 
-    def _model(self, history: History, lengthscale: np.ndarray | None = None) -> _Model:
+    def _model(
+        self, history: History, lengthscale: np.ndarray | None = None, transform: str | None = None
+    ) -> _Model:
         """Fit (when a checkpoint is due) and condition the models on ``history``; with
-        ``lengthscale``, the objective's GP uses those length-scales instead of its fit's."""
-        hyper_r, hyper_c = self._fit(history, self._marks(history, len(history))[-1])
-        ok, z, noise = self._targets(history)
+        ``lengthscale``, the objective's GP uses those length-scales instead of its fit's;
+        ``transform`` overrides the option's."""
+        transform = transform or self.options.transform
+        hyper_r, hyper_c = self._fit(history, self._marks(history, len(history))[-1], transform)
+        ok, z, noise = self._targets(history, transform)
         residual = self.warm.residual(history)
         offset = self.warm.residual_targets(history)[3] if residual else 0.0
         width = self._inputs(history, ok[:0]).shape[1]
@@ -371,7 +393,7 @@ class BayesOpt(Strategy):
 
     def _bayes(
         self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator,
-        lengthscale: np.ndarray | None = None,
+        lengthscale: np.ndarray | None = None, transform: str | None = None,
     ) -> np.ndarray:
         avail = available.copy()
         avail[pending] = False
@@ -380,7 +402,7 @@ class BayesOpt(Strategy):
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
         with self.fitting():
-            gp, clf, residual, offset, with_task, best = self._model(history, lengthscale)
+            gp, clf, residual, offset, with_task, best = self._model(history, lengthscale, transform)
         power = self.options.feas_power
 
         def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
@@ -521,6 +543,12 @@ def _stall(history: History, gain: float) -> tuple[int, int]:
     if len(better) == 0:
         return 0, -1
     return len(cur) - 1 - int(better[-1]), int(history.cand[cur[int(np.argmin(v))]])
+
+
+def _every(k: int, first: int, n: int) -> int:
+    """How many of the evaluations first, ..., first + n - 1 (counting from 0) are a
+    k-th one (none for k <= 0)."""
+    return 0 if k <= 0 else sum(1 for i in range(first, first + n) if i % k == k - 1)
 
 
 def _transform(y: np.ndarray, kind: str) -> tuple[np.ndarray, float]:

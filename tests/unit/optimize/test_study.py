@@ -237,7 +237,8 @@ def test_expected_improvement_counts_the_models_misfit_as_variation(space, monke
     monkeypatch.setattr(bayes.Believers, "__init__", spy_believers)
     monkeypatch.setattr(bayes, "log_ei", spy_log_ei)
     for share in (0.0, 2.5):
-        study = Study(space, seed=0, options={**FAST, "misfit_ei": share})
+        # rank_every 0: one model per suggestion (a rank pick's model learns its own misfit)
+        study = Study(space, seed=0, options={**FAST, "misfit_ei": share, "rank_every": 0})
         feed(study, 14)  # past the space-filling design: the model chooses
         ranked.clear()
         first, _ = study.suggest(2)
@@ -248,6 +249,49 @@ def test_expected_improvement_counts_the_models_misfit_as_variation(space, monke
         ranked.clear()
         study.suggest(1, pending=[first])
         torch.testing.assert_close(ranked[0][0], ranked[0][1])
+
+
+def test_every_third_model_pick_ranks_by_a_model_of_the_ranks(space, monkeypatch):
+    """``rank_every``: a study without warm-start data makes every third model pick (its
+    own evaluations 2, 5, 8, ... counting from 0, pending ones included) with the
+    objective as normal scores of its ranks, the others on the log scale; so does a
+    batch, pick by pick. Off with 0, and while a prior leads."""
+    used: list[str] = []
+    model = bayes.BayesOpt._model
+
+    def spy(self, history, lengthscale=None, transform=None):
+        used.append(transform or self.options.transform)
+        return model(self, history, lengthscale, transform)
+
+    monkeypatch.setattr(bayes.BayesOpt, "_model", spy)
+
+    def transforms(study, n: int = 1, pending=()) -> list[str]:
+        used.clear()
+        study.suggest(n, pending=list(pending))
+        return list(used)
+
+    study = Study(space, seed=0, options=FAST)
+    feed(study, 13)  # past the space-filling design
+    assert transforms(study) == ["log"]  # own evaluation 13
+    feed(study, 1)
+    assert transforms(study) == ["copula"]  # 14
+    assert transforms(study, 4) == ["log", "copula"]  # 14..17: two models, 14 and 17 the copula one's
+    (first,) = study.suggest(1)
+    assert transforms(study, 1, pending=[first]) == ["log"]  # 15, with 14 in flight
+    feed(study, 1)
+    assert transforms(study) == ["log"]  # 15
+    assert transforms(Study(space, seed=0, options={**FAST, "rank_every": 0}), 1) == []  # design: no model
+    off = Study(space, seed=0, options={**FAST, "rank_every": 0})
+    feed(off, 14)
+    assert transforms(off) == ["log"]
+    ranks = Study(space, seed=0, options={**FAST, "transform": "copula"})
+    feed(ranks, 14)
+    assert transforms(ranks) == ["copula"]
+    configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
+    prior = [(c, *evaluate(c)) for c in configs[::7][:60]]
+    warm = Study(space, seed=0, prior=prior, options={**FAST, "prior_patience": 0})
+    feed(warm, 14)
+    assert "copula" not in transforms(warm, 3)
 
 
 def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
@@ -271,8 +315,8 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
             study.observe(c, Outcome.OK, objective(best) + 1.0)  # no improvement
         return out
 
-    free = moves_from_best({"stall": 0})
-    local = moves_from_best({"stall": 5, "stall_radius": 1, "stall_every": 3})
+    free = moves_from_best({"stall": 0, "rank_every": 0})  # the log-time model alone
+    local = moves_from_best({"stall": 5, "stall_radius": 1, "stall_every": 3, "rank_every": 0})
     # stalls of 5, 8, 11, 14 turn local; the model alone goes further afield here
     assert local[0] <= 1 and local[3] <= 1, local
     assert free[0] > 1 and free[3] > 1, free
