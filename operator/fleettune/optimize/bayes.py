@@ -191,7 +191,7 @@ class BayesOpt(Strategy):
 
     def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(candidates, seed, options)
-        self._fits: dict[tuple[int, int, str], tuple[Hyper | None, Hyper | None]] = {}
+        self._fits: dict[tuple[int, int, str | None], Hyper | None] = {}
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
         o = self.options
         self.warm = WarmStart(
@@ -251,25 +251,34 @@ class BayesOpt(Strategy):
         return bool((history.task == 0).any())
 
     def _fit(self, history: History, m: int, transform: str) -> tuple[Hyper | None, Hyper | None]:
-        # A history without its prior, or on another scale, is another chain of fits.
+        """Hyperparameters of the objective's GP on ``transform``'s scale and of the
+        feasibility classifier, as last fitted at or before history length ``m``."""
+        return self._chain(history, m, transform), self._chain(history, m, None)
+
+    def _chain(self, history: History, m: int, transform: str | None) -> Hyper | None:
+        """One chain of fits, each started from the one at the previous checkpoint: the
+        objective's GP per scale (``transform``), the classifier (None) once for all
+        scales, since its data do not depend on them. A history without its prior is
+        another chain."""
         key = (m, int((history.task == 0).sum()), transform)
         if key in self._fits:
             return self._fits[key]
         marks = self._marks(history, m)
         prev = marks[-2] if len(marks) > 1 and marks[-1] == m else None
-        init_r, init_c = self._fit(history, prev, transform) if prev else (None, None)
+        init = self._chain(history, prev, transform) if prev else None
         h = history.prefix(m)
-        ok, z, noise = self._targets(h, transform)
-        if init_r is not None and len(init_r.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
-            init_r = None  # the previous fit had a task column (residual model from here on)
-        hyper_r = None
-        if len(ok) >= 2:
-            hyper_r = fit_hyper(self._inputs(h, ok), z, noise, init=init_r, max_iter=self.options.fit_iter)
-        hyper_c = None
-        feas = h.feasible
-        if feas.any() and not feas.all():
-            hyper_c = fit_feasibility(self._inputs(h, feas=True), feas, init_c, self.options.fit_iter)
-        self._fits[key] = (hyper_r or init_r, hyper_c or init_c)
+        hyper = None
+        if transform is None:
+            feas = h.feasible
+            if feas.any() and not feas.all():
+                hyper = fit_feasibility(self._inputs(h, feas=True), feas, init, self.options.fit_iter)
+        else:
+            ok, z, noise = self._targets(h, transform)
+            if init is not None and len(init.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
+                init = None  # the previous fit had a task column (residual model from here on)
+            if len(ok) >= 2:
+                hyper = fit_hyper(self._inputs(h, ok), z, noise, init=init, max_iter=self.options.fit_iter)
+        self._fits[key] = hyper or init
         return self._fits[key]
 
     # -- proposing --------------------------------------------------------------------
