@@ -48,6 +48,7 @@ from .strategy import Strategy
 from .warm import SKIP_SEEDS_BELOW, WarmStart
 
 LEADER_GAP = 0.03  # a runner-up region's best is at most this much slower than the best (stall_leaders)
+FEASIBILITY = "feasibility"  # the classifier's chain of fits (`BayesOpt._chain`), beside one per transform
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class BayesOpt(Strategy):
 
     def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(candidates, seed, options)
-        self._fits: dict[tuple[int, int, str | None], Hyper | None] = {}
+        self._fits: dict[tuple[int, int, str], Hyper | None] = {}
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
         o = self.options
         self.warm = WarmStart(
@@ -253,27 +254,27 @@ class BayesOpt(Strategy):
     def _fit(self, history: History, m: int, transform: str) -> tuple[Hyper | None, Hyper | None]:
         """Hyperparameters of the objective's GP on ``transform``'s scale and of the
         feasibility classifier, as last fitted at or before history length ``m``."""
-        return self._chain(history, m, transform), self._chain(history, m, None)
+        return self._chain(history, m, transform), self._chain(history, m, FEASIBILITY)
 
-    def _chain(self, history: History, m: int, transform: str | None) -> Hyper | None:
+    def _chain(self, history: History, m: int, model: str) -> Hyper | None:
         """One chain of fits, each started from the one at the previous checkpoint: the
-        objective's GP per scale (``transform``), the classifier (None) once for all
-        scales, since its data do not depend on them. A history without its prior is
-        another chain."""
-        key = (m, int((history.task == 0).sum()), transform)
+        objective's GP per scale (``model`` a transform), the classifier (`FEASIBILITY`)
+        once for all scales, since its data do not depend on them. A history without its
+        prior is another chain."""
+        key = (m, int((history.task == 0).sum()), model)
         if key in self._fits:
             return self._fits[key]
         marks = self._marks(history, m)
         prev = marks[-2] if len(marks) > 1 and marks[-1] == m else None
-        init = self._chain(history, prev, transform) if prev else None
+        init = self._chain(history, prev, model) if prev else None
         h = history.prefix(m)
         hyper = None
-        if transform is None:
+        if model == FEASIBILITY:
             feas = h.feasible
             if feas.any() and not feas.all():
                 hyper = fit_feasibility(self._inputs(h, feas=True), feas, init, self.options.fit_iter)
         else:
-            ok, z, noise = self._targets(h, transform)
+            ok, z, noise = self._targets(h, model)
             if init is not None and len(init.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
                 init = None  # the previous fit had a task column (residual model from here on)
             if len(ok) >= 2:
