@@ -2,8 +2,10 @@
 
 Per suggestion: one GP for log(time) on the feasible observations (failed points enter
 it only as believers, see `_bayes`; every ``rank_every``-th pick of a study without a
-prior, a GP of the times' ranks instead), one GP classifier for feasibility, LogEI +
-feas_power * log P(feasible) over the not-yet-evaluated candidates (EI on the model's
+prior, a GP of the times' ranks instead), one GP classifier for feasibility and, once a
+share of the results is ``slow_ratio`` times slower than the best, one for that slow
+regime, LogEI + feas_power * log P(feasible, not slow) over the not-yet-evaluated
+candidates (EI on the model's
 variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
 After a long stall (gains within ``min_gain`` do not end one), every other pick stays
@@ -49,6 +51,9 @@ from .warm import SKIP_SEEDS_BELOW, WarmStart
 
 LEADER_GAP = 0.03  # a runner-up region's best is at most this much slower than the best (stall_leaders)
 FEASIBILITY = "feasibility"  # the classifier's chain of fits (`BayesOpt._chain`), beside one per transform
+SLOW = "slow"  # the slow-regime classifier's chain of fits (slow_ratio)
+SLOW_SHARE = 0.1  # slow_ratio: the classifier is fitted once this share of the results is that slow...
+SLOW_LEAST = 3  # ...and at least this many: a few outliers are not a regime
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,15 @@ class BayesOptions(StrategyOptions):
         "rougher than a smooth model, so a configuration beside good ones can beat them where the model's mean "
         "says it cannot. Counted for a pick with nothing outstanding (not for a batch's later picks or with "
         "trials in flight). 0: EI of the smooth model alone."
+    )
+    slow_ratio: float = non_negative(
+        20.0, f"Measured configurations more than this many times slower than the study's best are a regime of "
+        f"their own: once at least {100 * SLOW_SHARE:g} % of its results (and {SLOW_LEAST}) are, a second "
+        "classifier learns where they lie, from the feasibility model's inputs plus the odd part of each integer "
+        "size, and the acquisition weighs P(not that slow) as it weighs P(feasible). On AMD GPUs most "
+        "convolution_milo configurations (a tile of 3, a block width of 48) run 30-100 times slower than the best, "
+        "and a GP of log time, smooth over the sizes, keeps measuring them; on the NVIDIA recordings no regime "
+        "that slow exists and nothing changes. 0: never.",
     )
     transform: str = one_of(
         "log", 'Objective transform: "log" (log time, standardised) or "copula" (ranks to normal scores).',
@@ -169,6 +183,7 @@ class _Model(NamedTuple):
 
     gp: Posterior  # log time (or its residual over the prior's prediction), failed points believed
     clf: FeasibilityModel | None  # None until something failed and something ran
+    slow: FeasibilityModel | None  # P(not in the slow regime); None until there is one (slow_ratio)
     residual: bool
     offset: float  # residual model: mean offset of this pool over the prior
     with_task: bool  # inputs have a task column
@@ -237,6 +252,29 @@ class BayesOpt(Strategy):
             return [n0 + c - 1 for c in checkpoints(m - n0 + 1, growth)]
         return checkpoints(m, growth)
 
+    def _slow_labels(self, history: History) -> tuple[np.ndarray, np.ndarray] | None:
+        """This study's measured candidates and whether each is within ``slow_ratio`` of
+        its best; None while too few are slower to call it a regime (or the option is off)."""
+        ratio = self.options.slow_ratio
+        own = np.flatnonzero(history.feasible & (history.task == 1) & (history.cand >= 0))
+        if ratio <= 0 or len(own) < 2:
+            return None
+        value = history.value[own]
+        fast = value <= ratio * value.min()
+        slow = int((~fast).sum())
+        if slow < max(SLOW_LEAST, SLOW_SHARE * len(own)):
+            return None
+        return history.cand[own].astype(np.int64), fast
+
+    def _slow_inputs(self, idx: np.ndarray) -> np.ndarray:
+        """The slow-regime classifier's inputs of candidates ``idx``."""
+        xf = np.asarray(self._features(idx, feas=True))
+        fn = self.candidates.features
+        if fn is None:
+            return xf
+        odd = fn.odd_parts(self.candidates.rows[idx])
+        return np.hstack([xf, odd]) if odd.shape[1] else xf
+
     def _inputs(self, history: History, rows: np.ndarray | None = None, feas: bool = False) -> np.ndarray:
         hx = history.xf if feas else history.x
         x = hx if rows is None else hx[rows]
@@ -251,16 +289,17 @@ class BayesOpt(Strategy):
         # is the correlation between the old and the new pool): used, not blindly trusted.
         return bool((history.task == 0).any())
 
-    def _fit(self, history: History, m: int, transform: str) -> tuple[Hyper | None, Hyper | None]:
-        """Hyperparameters of the objective's GP on ``transform``'s scale and of the
-        feasibility classifier, as last fitted at or before history length ``m``."""
-        return self._chain(history, m, transform), self._chain(history, m, FEASIBILITY)
+    def _fit(self, history: History, m: int, transform: str) -> tuple[Hyper | None, Hyper | None, Hyper | None]:
+        """Hyperparameters of the objective's GP on ``transform``'s scale, of the
+        feasibility classifier and of the slow-regime one, as last fitted at or before
+        history length ``m``."""
+        return self._chain(history, m, transform), self._chain(history, m, FEASIBILITY), self._chain(history, m, SLOW)
 
     def _chain(self, history: History, m: int, model: str) -> Hyper | None:
         """One chain of fits, each started from the one at the previous checkpoint: the
-        objective's GP per scale (``model`` a transform), the classifier (`FEASIBILITY`)
-        once for all scales, since its data do not depend on them. A history without its
-        prior is another chain."""
+        objective's GP per scale (``model`` a transform), the classifiers (`FEASIBILITY`,
+        `SLOW`) once for all scales, since their data do not depend on them. A history
+        without its prior is another chain."""
         key = (m, int((history.task == 0).sum()), model)
         if key in self._fits:
             return self._fits[key]
@@ -273,6 +312,10 @@ class BayesOpt(Strategy):
             feas = h.feasible
             if feas.any() and not feas.all():
                 hyper = fit_feasibility(self._inputs(h, feas=True), feas, init, self.options.fit_iter)
+        elif model == SLOW:
+            labelled = self._slow_labels(h)
+            if labelled is not None:
+                hyper = fit_feasibility(self._slow_inputs(labelled[0]), labelled[1], init, self.options.fit_iter)
         else:
             ok, z, noise = self._targets(h, model)
             if init is not None and len(init.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
@@ -364,7 +407,7 @@ class BayesOpt(Strategy):
         ``lengthscale``, the objective's GP uses those length-scales instead of its fit's;
         ``transform`` overrides the option's."""
         transform = transform or self.options.transform
-        hyper_r, hyper_c = self._fit(history, self._marks(history, len(history))[-1], transform)
+        hyper_r, hyper_c, hyper_s = self._fit(history, self._marks(history, len(history))[-1], transform)
         ok, z, noise = self._targets(history, transform)
         residual = self.warm.residual(history)
         offset = self.warm.residual_targets(history)[3] if residual else 0.0
@@ -394,12 +437,16 @@ class BayesOpt(Strategy):
         clf = None
         if hyper_c is not None:
             clf = FeasibilityModel(self._inputs(history, feas=True), history.feasible, hyper_c)
+        slow = None
+        labelled = self._slow_labels(history)
+        if hyper_s is not None and labelled is not None:
+            slow = FeasibilityModel(self._slow_inputs(labelled[0]), labelled[1], hyper_s)
         cur_ok = history.task[ok] == 1
         if residual:  # in prior units: residual + prior mean + offset
             best = float((z + self.warm.mean_at_rows(history, ok) + offset).min())
         else:
             best = float(z[cur_ok].min()) if cur_ok.any() else float(z.min())
-        return _Model(gp, clf, residual, offset, self._with_task(history), best)
+        return _Model(gp, clf, slow, residual, offset, self._with_task(history), best)
 
     def _bayes(
         self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator,
@@ -412,7 +459,7 @@ class BayesOpt(Strategy):
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
         with self.fitting():
-            gp, clf, residual, offset, with_task, best = self._model(history, lengthscale, transform)
+            gp, clf, slow, residual, offset, with_task, best = self._model(history, lengthscale, transform)
         power = self.options.feas_power
 
         def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
@@ -428,6 +475,8 @@ class BayesOpt(Strategy):
             log_pf = torch.zeros_like(mean)
             if clf is not None:
                 log_pf = torch.log(clf.prob(feats(idx, feas=True)).clamp_min(1e-12))
+            if slow is not None:
+                log_pf = log_pf + torch.log(slow.prob(torch.as_tensor(self._slow_inputs(idx))).clamp_min(1e-12))
             return mean, var, log_pf
 
         mean, var, log_pf = score(pool)
@@ -452,7 +501,7 @@ class BayesOpt(Strategy):
         tau = float(rng.uniform(0.0, self.options.tau_max))
         selectable = torch.zeros(len(scored), dtype=torch.bool)
         selectable[: len(pool)] = True
-        if clf is not None:
+        if clf is not None or slow is not None:
             keep = selectable & (log_pf >= math.log(max(tau, 1e-12)))
             if keep.any():
                 selectable = keep

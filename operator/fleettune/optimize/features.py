@@ -8,6 +8,9 @@
   block x tile), and a product threshold is a straight boundary in log coordinates;
 * integer sizes that reach a warp (32) whose values are not all powers of two get a
   second objective column, the value's power-of-two divisibility (see `alignment`);
+* the slow-regime classifier (``BayesOptions.slow_ratio``) sees the feasibility inputs
+  plus, for positive integer sizes that are not all powers of two, their odd part (see
+  `odd_part`), which the objective's GP does not get;
 * numeric and permutation columns are used as the space encodes them.
 """
 
@@ -49,6 +52,26 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     return None if twos.max() <= twos.min() else _normalise(twos)
 
 
+def odd_part(values: np.ndarray) -> np.ndarray | None:
+    """The log of each value's odd part (what is left once every factor of two is
+    divided out: 0 for 1, 2, 4, 8, ...), normalised; None where it would say nothing
+    (not positive integers, all powers of two, or all the same).
+
+    On AMD GPUs a tile of 3 or a block width of 48 or 96 runs 30-100 times slower than
+    its power-of-two neighbours, while on NVIDIA GPUs the same sizes are ordinary (on
+    convolution_milo-A100 the optimum has a tile of 3). As an objective column it cost
+    the NVIDIA recordings more than it gave the AMD ones (docs/optimizer.md), so only
+    the slow-regime classifier gets it.
+    """
+    if not np.all((values == np.round(values)) & (values > 0)):
+        return None
+    ints = values.astype(np.int64)
+    if np.all((ints & (ints - 1)) == 0):
+        return None
+    odd = np.log2((ints // (ints & -ints)).astype(np.float64))
+    return None if odd.max() <= odd.min() else _normalise(odd)
+
+
 def switches(space: SearchSpace) -> tuple[int, ...]:
     """Parameters that choose a code path rather than a size: booleans, categoricals
     and 0/1 integers (how Kernel Tuner spaces spell a flag such as ``use_shmem``).
@@ -81,6 +104,7 @@ class FeatureMap:
         self.objective: list[tuple[int, np.ndarray]] = []  # (parameter, (k, w) table)
         self.feasibility: list[tuple[int, np.ndarray]] = []
         self.groups: list[tuple[str, slice]] = []
+        self.odd: list[tuple[int, np.ndarray]] = []  # (parameter, (k,) table): `odd_part` columns
         width = 0
         for kind in ("numeric", "categorical"):
             for j, p in enumerate(params):
@@ -94,6 +118,9 @@ class FeatureMap:
                     self.feasibility.append((j, (_normalise(np.log(vals)) if sizes else col).reshape(-1, 1)))
                     self.groups.append(("numeric", slice(width, width + 1)))
                     width += 1
+                    odd = odd_part(vals)
+                    if odd is not None:
+                        self.odd.append((j, odd))
                     aligned = alignment(vals)
                     if aligned is not None:
                         self.objective.append((j, aligned.reshape(-1, 1)))
@@ -127,6 +154,14 @@ class FeatureMap:
             w = table.shape[1]
             out[:, col : col + w] = table[rows[:, j]]
             col += w
+        return out
+
+    def odd_parts(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), k) `odd_part` columns of index rows (k may be 0)."""
+        rows = np.asarray(rows)
+        out = np.empty((len(rows), len(self.odd)), dtype=np.float64)
+        for col, (j, table) in enumerate(self.odd):
+            out[:, col] = table[rows[:, j]]
         return out
 
 

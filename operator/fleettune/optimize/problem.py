@@ -34,6 +34,8 @@ class FeatureFunction(Protocol):
 
     def __call__(self, rows: np.ndarray, feas: bool = False) -> np.ndarray: ...
 
+    def odd_parts(self, rows: np.ndarray) -> np.ndarray: ...
+
 
 class LazyFeatures:
     """A read-only (N, f) float64 feature matrix that is not stored: indexing it (``x[i]``,

@@ -14,7 +14,7 @@ from fleettune.optimize.acquisition import Believers, log_ei
 from fleettune.optimize.bayes import checkpoints
 from fleettune.optimize.design import maximin
 from fleettune.optimize.feasibility import FeasibilityModel, fit_feasibility
-from fleettune.optimize.features import alignment, model_features
+from fleettune.optimize.features import FeatureMap, alignment, model_features, odd_part
 from fleettune.optimize.gp import Hyper, Posterior, fit_hyper
 from fleettune.space import SearchSpace
 
@@ -61,6 +61,34 @@ def test_alignment_tells_multiples_of_large_powers_of_two_apart():
     assert alignment(np.array([0.0, 32.0, 64.0, 96.0])) is None  # zero is no size
     assert alignment(np.array([16.5, 33.0, 48.0])) is None  # not integers
     assert alignment(np.array([33.0, 35.0, 37.0])) is None  # all odd: nothing to tell apart
+
+
+def test_odd_part_tells_three_from_two_and_four_for_the_slow_regime_model_only():
+    tiles = odd_part(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert tiles is not None and list(tiles) == [0.0, 0.0, 1.0, 0.0]
+    widths = odd_part(np.arange(16, 257, 16, dtype=np.float64))  # 16 .. 256
+    assert widths is not None and widths[0] == widths[1] == widths[3] == widths[7] == widths[15] == 0.0
+    assert 0.0 < widths[2] < widths[4]  # 48 = 16 * 3 < 80 = 16 * 5
+    assert odd_part(np.array([1.0, 2.0, 4.0, 8.0])) is None  # all powers of two
+    assert odd_part(np.array([0.0, 1.0])) is None  # a 0/1 flag is no size
+    assert odd_part(np.array([1.5, 3.0])) is None  # not integers
+    assert odd_part(np.array([3.0, 6.0, 12.0])) is None  # one odd part: nothing to tell apart
+    space = SearchSpace.from_spec(
+        [
+            {"name": "tile", "type": "integer", "range": {"min": 1, "max": 4}},
+            {"name": "block", "type": "ordinal", "values": [32, 64, 128]},
+            {"name": "flag", "type": "integer", "range": {"min": 0, "max": 1}},
+        ],
+        [],
+    )
+    rows = space.enumerate()
+    fmap = FeatureMap(space)
+    odd = fmap.odd_parts(rows)
+    assert odd.shape == (len(rows), 1)  # the tile only
+    tile = np.array([c["tile"] for c in space.to_configs(rows)])
+    assert np.array_equal(odd[:, 0], (tile == 3).astype(float))
+    x, xf, _ = model_features(space, rows)
+    assert x.shape[1] == 3 and xf.shape[1] == 3  # neither the GP nor the feasibility model gets it
 
 
 def test_posterior_matches_gpytorch():

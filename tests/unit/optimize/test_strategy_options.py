@@ -21,7 +21,7 @@ from fleettune.optimize import (
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "optimizer.md"
 OFF_WITH_ZERO = {
     "bayes": {"stall", "prior_paths", "prior_patience", "prior_hedge", "misfit_ei", "min_gain",
-              "stall_leaders", "prior_plateau", "rank_every"},
+              "stall_leaders", "prior_plateau", "rank_every", "slow_ratio"},
     "genetic": set(),
     "random": set(),
 }

@@ -9,6 +9,7 @@ import torch
 from conftest import evaluate, feed, hidden_infeasible, objective, run
 from fleettune.optimize import STRATEGIES, Study, bayes, stop_reason
 from fleettune.optimize.stopping import improvements
+from fleettune.space import SearchSpace
 from fleettune_job.protocol import Outcome
 
 FAST = {"fit_iter": 30}
@@ -314,8 +315,9 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
             study.observe(c, Outcome.OK, objective(best) + 1.0)  # no improvement
         return out
 
-    free = moves_from_best({"stall": 0, "rank_every": 0})  # the log-time model alone
-    local = moves_from_best({"stall": 5, "stall_radius": 1, "stall_every": 3, "rank_every": 0})
+    alone = {"rank_every": 0, "slow_ratio": 0}  # the log-time model alone
+    free = moves_from_best({"stall": 0, **alone})
+    local = moves_from_best({"stall": 5, "stall_radius": 1, "stall_every": 3, **alone})
     # stalls of 5, 8, 11, 14 turn local; the model alone goes further afield here
     assert local[0] <= 1 and local[3] <= 1, local
     assert free[0] > 1 and free[3] > 1, free
@@ -478,7 +480,9 @@ def test_a_prior_that_leaves_the_study_stalled_is_dropped(space):
     prior = [(configs[i], Outcome.OK, 10.0 / objective(configs[i])) for i in picked]
     own = [configs[i] for i in rng.choice(len(configs), 14, replace=False)]
     own = [min(own, key=objective)] + [c for c in own if c is not min(own, key=objective)]  # then 13 worse
-    opts = {**FAST, "prior_patience": 12}
+    # slow_ratio 0: this landscape's slowest are thousands of times its best, and the slow
+    # regime's classifier (the same with or without the prior) would decide both studies' picks
+    opts = {**FAST, "prior_patience": 12, "slow_ratio": 0}
 
     def study(with_prior: bool, n: int) -> Study:
         s = Study(space, seed=4, prior=prior if with_prior else (), options=opts)
@@ -514,6 +518,85 @@ def test_a_prior_is_dropped_when_the_study_only_creeps(space):
 
     assert study({}).prior_dropped
     assert not study({"min_gain": 0}).prior_dropped
+
+
+SLOW_SPACE = [
+    {"name": "tile", "type": "integer", "range": {"min": 1, "max": 4}},
+    {"name": "block", "type": "ordinal", "values": [16, 32, 48, 64, 96, 128]},
+    {"name": "unroll", "type": "boolean"},
+    {"name": "vector", "type": "ordinal", "values": [1, 2, 4]},
+]
+
+
+def slow_time(c: dict) -> float:
+    """As on an AMD GPU: a tile of 3 or a block width of 48 or 96 runs 50 times slower."""
+    t = 1.0 + 0.02 * abs(c["block"] - 64) / 16 + 0.03 * c["tile"] + (0.0 if c["unroll"] else 0.05) + 0.01 * c["vector"]
+    return t * (50.0 if c["tile"] == 3 or c["block"] in (48, 96) else 1.0)
+
+
+def slow_models(monkeypatch) -> list:
+    """The (strategy, models) of every suggestion from now on."""
+    seen: list = []
+    model = bayes.BayesOpt._model
+
+    def spy(self, history, lengthscale=None, transform=None):
+        out = model(self, history, lengthscale, transform)
+        seen.append((self, out))
+        return out
+
+    monkeypatch.setattr(bayes.BayesOpt, "_model", spy)
+    return seen
+
+
+def test_a_slow_regime_gets_a_classifier_of_its_own(monkeypatch):
+    """``slow_ratio``: once a share of a study's results is that many times slower than
+    its best, a second classifier learns where they lie (with each size's odd part among
+    its inputs) and lowers the acquisition there, as P(feasible) does; the objective's
+    GP is unchanged. Off with 0."""
+    space = SearchSpace.from_spec(SLOW_SPACE, [])
+    seen = slow_models(monkeypatch)
+    for ratio in (20.0, 0.0):
+        seen.clear()
+        study = Study(space, seed=0, options={**FAST, "slow_ratio": ratio})
+        for _ in range(24):
+            (c,) = study.suggest(1)
+            study.observe(c, Outcome.OK, slow_time(c))
+        study.suggest(1)
+        strategy, models = seen[-1]
+        if ratio == 0.0:
+            assert all(m.slow is None for _, m in seen)
+            continue
+        assert models.slow is not None
+        configs = space.to_configs(study.candidates.rows)
+        idx = np.setdiff1d(np.arange(len(configs)), study.history.cand)  # not measured
+        p = models.slow.prob(torch.as_tensor(strategy._slow_inputs(idx))).numpy()
+        slow = np.array([slow_time(configs[i]) > 20.0 for i in idx])
+        assert slow.any() and (~slow).any()
+        assert p[slow].mean() < 0.5 < p[~slow].mean()
+
+
+def test_a_few_slow_outliers_are_not_a_regime(monkeypatch):
+    """Fewer than 3, or under 10 % of the results, that slow: no slow-regime classifier
+    (on the NVIDIA recordings a few configurations are 20-100 times slower than the best,
+    and a classifier fitted to them cost those spaces; docs/optimizer.md)."""
+    space = SearchSpace.from_spec(SLOW_SPACE, [])
+    configs = space.to_configs(space.enumerate())
+    slow = [c for c in configs if slow_time(c) > 20.0]
+    fast = [c for c in configs if slow_time(c) < 20.0]
+    seen = slow_models(monkeypatch)
+    for n_slow, expected in ((2, False), (3, True)):
+        seen.clear()
+        study = Study(space, seed=0, options=FAST)
+        for c in slow[:n_slow] + fast[:20]:
+            study.observe(c, Outcome.OK, slow_time(c))
+        study.suggest(1)
+        assert (seen[-1][1].slow is not None) is expected, n_slow
+    seen.clear()
+    study = Study(space, seed=0, options=FAST)
+    for c in slow[:3] + fast[:30]:  # 3 of 33: under 10 %
+        study.observe(c, Outcome.OK, slow_time(c))
+    study.suggest(1)
+    assert seen[-1][1].slow is None
 
 
 def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
