@@ -43,12 +43,10 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     smoothly; there the column is noise the model must first learn to ignore, so they
     get none (measurements: docs/optimizer.md).
     """
-    if values.max() < WARP or not np.all((values == np.round(values)) & (values > 0)):
+    div = _divisors(values) if values.max() >= WARP else None
+    if div is None:
         return None
-    ints = values.astype(np.int64)
-    if np.all((ints & (ints - 1)) == 0):
-        return None  # the log of the value already is its divisibility
-    twos = np.log2((ints & -ints).astype(np.float64))
+    twos = np.log2(div)
     return None if twos.max() <= twos.min() else _normalise(twos)
 
 
@@ -63,13 +61,23 @@ def odd_part(values: np.ndarray) -> np.ndarray | None:
     the NVIDIA recordings more than it gave the AMD ones (docs/optimizer.md), so only
     the slow-regime classifier gets it.
     """
+    div = _divisors(values)
+    if div is None:
+        return None
+    odd = np.log2(values / div)
+    return None if odd.max() <= odd.min() else _normalise(odd)
+
+
+def _divisors(values: np.ndarray) -> np.ndarray | None:
+    """The largest power of two dividing each value (float64), for positive integers
+    that are not all powers of two (where the log of the value already says it); else
+    None."""
     if not np.all((values == np.round(values)) & (values > 0)):
         return None
     ints = values.astype(np.int64)
     if np.all((ints & (ints - 1)) == 0):
         return None
-    odd = np.log2((ints // (ints & -ints)).astype(np.float64))
-    return None if odd.max() <= odd.min() else _normalise(odd)
+    return (ints & -ints).astype(np.float64)
 
 
 def switches(space: SearchSpace) -> tuple[int, ...]:
