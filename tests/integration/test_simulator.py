@@ -196,6 +196,58 @@ def test_a_trial_pod_deleted_while_running_is_removed_and_never_answered(cluster
     assert slow.answered == [] and not slow.errors
 
 
+class _LostReply:
+    """A CoreV1Api whose first Pod status write fails as an apiserver that dies mid-request
+    does: ``stored`` (it was stored, the reply lost), ``stored_then_deleted`` (and the Pod
+    deleted before the simulator's retry: the operator read it and deleted its Job), or
+    ``not_stored`` (it never reached etcd)."""
+
+    def __init__(self, core: client.CoreV1Api, fault: str) -> None:
+        self.core, self.fault, self.faults = core, fault, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.core, name)
+
+    def patch_namespaced_pod_status(self, name, namespace, body, **kwargs):
+        from urllib3.exceptions import ProtocolError
+
+        if self.faults:
+            return self.core.patch_namespaced_pod_status(name, namespace, body, **kwargs)
+        self.faults += 1
+        if self.fault != "not_stored":
+            self.core.patch_namespaced_pod_status(name, namespace, body, **kwargs)
+        if self.fault == "stored_then_deleted":
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        raise ProtocolError("Connection broken: IncompleteRead(0 bytes read)")
+
+
+@pytest.mark.parametrize("fault", ["stored", "stored_then_deleted", "not_stored"])
+def test_a_status_write_whose_reply_is_lost_is_answered_once_or_left_unsettled(cluster, api_client, namespace,
+                                                                               a100_recording, fault):
+    """The fault audits' ground truth: a trial counts as answered exactly when its result
+    reached the Pod, and one that cannot be told (its Pod gone) is `unsettled`, not lost."""
+    from fleettune_dev.sim import FleetSimulator
+
+    core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+    key = next(k for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str))
+    sim = FleetSimulator(cluster.kubeconfig, cluster.fleet, time_scale=0.05)
+    faulty = _LostReply(sim._api(), fault)
+    sim._worker_api = lambda: faulty  # type: ignore[method-assign]
+    with sim:
+        batch.create_namespaced_job(namespace, _trial_job("lost-reply", "a100", _config(a100_recording, key),
+                                                          backoff=0))
+        trial = (namespace, "sim-test", "a100", 0)
+        wait_for(lambda: sim.answered or sim.unsettled, 60, "the trial to be settled")
+        time.sleep(1.5)  # a second retry, if there were one, would count it again
+        assert faulty.faults == 1 and [e for e in sim.errors if "IncompleteRead" in e], sim.errors
+        if fault == "stored_then_deleted":
+            assert (sim.answered, sim.unsettled) == ([], [trial])
+        else:
+            assert (sim.answered, sim.unsettled) == ([trial], [])
+            [term] = _terminated(core, namespace, "lost-reply")
+            assert decode(term.message).outcome == Outcome.OK
+
+
 USER_SOURCE = """
 extern "C" __global__ void scale(float *x, int n) {
     int i = blockIdx.x * block_size_x * tile + threadIdx.x;

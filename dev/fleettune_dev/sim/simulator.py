@@ -122,6 +122,7 @@ class _Due:
     containers: list[tuple[str, str]]  # (name, image)
     started: dict[str, str]  # container name -> startedAt
     tries: int = 0
+    sent: bool = False  # a status write was sent: it may have been stored though its reply was lost
     began: float = 0.0  # monotonic time the Pod was seen Running
     startup_s: float = 0.0  # simulated start-up before its first configuration
 
@@ -206,6 +207,9 @@ class FleetSimulator:
         self.startup = startup
         self.label_selector = label_selector
         self.answered: list[tuple[str, str, str, int]] = []
+        # Answers whose write was sent, its reply lost, and its Pod deleted before it could
+        # be read back: the operator may or may not have seen them.
+        self.unsettled: list[tuple[str, str, str, int]] = []
         self.outcomes: Counter[str] = Counter()
         self.ignored = 0
         self.lost = 0
@@ -639,17 +643,55 @@ class FleetSimulator:
 
     def _complete(self, core: Any, due: _Due) -> None:
         with self._cv:
-            if due.uid not in self._running:
-                return  # deleted, being deleted, or ended meanwhile (run cancelled, Job deleted)
-            # Whichever comes first, the batch's end or its deletion, writes its status.
-            if isinstance(due.answer, BatchAnswer) and self._batches.pop(due.uid, None) is None:
-                return
+            # Deleted, being deleted, or ended meanwhile (run cancelled, Job deleted); a
+            # batch's end or its deletion, whichever comes first, writes its status.
+            ended = due.uid not in self._running or (
+                isinstance(due.answer, BatchAnswer) and self._batches.pop(due.uid, None) is None)
+        if due.sent and self._landed(core, due):
+            return
+        if ended:
+            return
         self.podlogs.close(due.uid)
         if self._gone_with_node(core, due):
             return
         result = due.answer.result
+        due.sent = True
         if self._write_status(core, due, result.exit_code, result.encode()):
             self._answered(due, result)
+
+    def _landed(self, core: Any, due: _Due) -> bool:
+        """After a status write whose reply was lost (an apiserver that stored it and died
+        before answering): whether it was stored, read back from the Pod. A Pod deleted
+        meanwhile cannot tell, so its answers are `unsettled`, neither answered nor lost."""
+        result = due.answer.result
+        try:
+            pod = json.loads(core.read_namespaced_pod(due.name, due.namespace, _request_timeout=10,
+                                                      _preload_content=False).data)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            with self._cv:
+                self._running.discard(due.uid)
+                self.unsettled.extend(self._keys(due, result))
+                self._cv.notify_all()
+            log.info("%s/%s: deleted before its lost status write could be read back", due.namespace, due.name)
+            return True
+        if pod["metadata"].get("uid") != due.uid:
+            return False
+        messages = [((s.get("state") or {}).get("terminated") or {}).get("message")
+                    for s in (pod.get("status") or {}).get("containerStatuses") or ()]
+        if result.encode() not in messages:
+            return False
+        self._answered(due, result)
+        return True
+
+    @staticmethod
+    def _keys(due: _Due, result: TrialResult | BatchResult) -> list[tuple[str, str, str, int]]:
+        """The trials a result answers: a trial Pod's own, or each of a batch's answers."""
+        if isinstance(result, TrialResult):
+            return [due.trial]
+        ns, run, target, _ = due.trial
+        return [(ns, run, target, a.i) for a in result.answers]
 
     def _terminate_on_worker(self, due: _Due, resource_version: str) -> None:
         try:
@@ -768,17 +810,16 @@ class FleetSimulator:
         if isinstance(result, TrialResult):
             outcome = Outcome(result.outcome).value
             with self._cv:
-                self.answered.append(due.trial)
+                self.answered.extend(self._keys(due, result))
                 self.outcomes[outcome] += 1
                 self._cv.notify_all()
             log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, outcome,
                      f" {result.objective:.4g} ms" if result.objective else "",
                      " (synthetic)" if result.fingerprint.synthetic else "")
             return
-        ns, run, target, _ = due.trial
         counts = Counter(Outcome(a.o).value for a in result.answers)
         with self._cv:
-            self.answered.extend((ns, run, target, a.i) for a in result.answers)
+            self.answered.extend(self._keys(due, result))
             self.outcomes.update(counts)
             if killed:
                 self.terminated += 1
