@@ -3,7 +3,7 @@
 * ``cluster`` (session): a :class:`LocalCluster` (etcd, kube-apiserver, controller-manager,
   scheduler, kwok) in a temporary state dir with the demo fleet's nodes, started once per
   test session and stopped at its end. The control-plane binaries are built before the
-  first test if they are not cached (20-40 minutes on 2 cores, progress on stderr).
+  first test if they are not cached (about 15 minutes on 2 cores, 20-30 under load, progress on stderr).
 * ``namespace`` (function): a fresh namespace, deleted after the test.
 * ``simulator`` (function): a running :class:`FleetSimulator` answering trial Pods.
 * ``api_client`` (session): a kubernetes ``ApiClient`` for the cluster.

@@ -17,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="fleettune cluster",
         description="A real Kubernetes control plane on 127.0.0.1 (etcd, kube-apiserver, "
         "kube-controller-manager, kube-scheduler) with KWOK fake GPU nodes. The binaries are "
-        "built from the Go module proxy on first use (20-40 minutes) and cached under "
+        "built from the Go module proxy on first use (about 15 minutes, 20-30 under load) and cached under "
         "~/.cache/fleettune/bin.",
     )
     common = argparse.ArgumentParser(add_help=False)
