@@ -213,9 +213,9 @@ class _LostReply:
 
         if self.faults:
             return self.core.patch_namespaced_pod_status(name, namespace, body, **kwargs)
-        self.faults += 1
-        if self.fault != "not_stored":
+        if self.fault != "not_stored":  # a write the apiserver refuses (409: changed) is no fault
             self.core.patch_namespaced_pod_status(name, namespace, body, **kwargs)
+        self.faults += 1
         if self.fault == "stored_then_deleted":
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
         raise ProtocolError("Connection broken: IncompleteRead(0 bytes read)")

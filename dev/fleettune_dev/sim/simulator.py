@@ -122,7 +122,9 @@ class _Due:
     containers: list[tuple[str, str]]  # (name, image)
     started: dict[str, str]  # container name -> startedAt
     tries: int = 0
-    sent: bool = False  # a status write was sent: it may have been stored though its reply was lost
+    # The last status write sent (message, result, killed): stored, perhaps, though its reply was lost.
+    sent: tuple[str, TrialResult | BatchResult, bool] | None = None
+    settled: bool = False  # counted as answered (or unsettled): once only
     began: float = 0.0  # monotonic time the Pod was seen Running
     startup_s: float = 0.0  # simulated start-up before its first configuration
 
@@ -647,7 +649,7 @@ class FleetSimulator:
             # batch's end or its deletion, whichever comes first, writes its status.
             ended = due.uid not in self._running or (
                 isinstance(due.answer, BatchAnswer) and self._batches.pop(due.uid, None) is None)
-        if due.sent and self._landed(core, due):
+        if due.sent is not None and self._landed(core, due):
             return
         if ended:
             return
@@ -655,15 +657,18 @@ class FleetSimulator:
         if self._gone_with_node(core, due):
             return
         result = due.answer.result
-        due.sent = True
-        if self._write_status(core, due, result.exit_code, result.encode()):
+        due.sent = (message := result.encode(), result, False)
+        if self._write_status(core, due, result.exit_code, message):
             self._answered(due, result)
+        else:
+            due.sent = None  # refused: not stored
 
     def _landed(self, core: Any, due: _Due) -> bool:
         """After a status write whose reply was lost (an apiserver that stored it and died
         before answering): whether it was stored, read back from the Pod. A Pod deleted
         meanwhile cannot tell, so its answers are `unsettled`, neither answered nor lost."""
-        result = due.answer.result
+        assert due.sent is not None
+        message, result, killed = due.sent
         try:
             pod = json.loads(core.read_namespaced_pod(due.name, due.namespace, _request_timeout=10,
                                                       _preload_content=False).data)
@@ -672,7 +677,9 @@ class FleetSimulator:
                 raise
             with self._cv:
                 self._running.discard(due.uid)
-                self.unsettled.extend(self._keys(due, result))
+                if not due.settled:
+                    due.settled = True
+                    self.unsettled.extend(self._keys(due, result))
                 self._cv.notify_all()
             log.info("%s/%s: deleted before its lost status write could be read back", due.namespace, due.name)
             return True
@@ -680,9 +687,9 @@ class FleetSimulator:
             return False
         messages = [((s.get("state") or {}).get("terminated") or {}).get("message")
                     for s in (pod.get("status") or {}).get("containerStatuses") or ()]
-        if result.encode() not in messages:
+        if message not in messages:
             return False
-        self._answered(due, result)
+        self._answered(due, result, killed=killed)
         return True
 
     @staticmethod
@@ -698,6 +705,11 @@ class FleetSimulator:
             self._terminate(self._worker_api(), due, resource_version)
         except Exception as exc:  # kwok's own stage still ends the Pod (without its answers)
             self._record_error(f"stopping {due.namespace}/{due.name}: {type(exc).__name__}: {exc}")
+            if due.sent is not None:  # its answers may have been stored: read the Pod back later
+                due.at = time.monotonic() + 1.0
+                with self._cv:
+                    heapq.heappush(self._heap, due)
+                    self._cv.notify_all()
 
     def _terminate(self, core: Any, due: _Due, resource_version: str, elapsed_s: float | None = None) -> None:
         """A batch Pod deleted while it ran: its container is killed (exit 137, what a
@@ -714,9 +726,11 @@ class FleetSimulator:
             finished = elapsed >= due.answer.duration_s
             result = due.answer.result if finished else due.answer.terminated(elapsed)
             code = result.exit_code if finished else KILLED_EXIT_CODE
-            if self._write_status(core, due, code, result.encode(), resource_version):
+            due.sent = (message := result.encode(), result, not finished)
+            if self._write_status(core, due, code, message, resource_version):
                 self._answered(due, result, killed=not finished)
                 return
+            due.sent = None  # refused: not stored
             try:  # changed since: by kwok ending it, or by something harmless (a label)
                 pod = json.loads(core.read_namespaced_pod(due.name, due.namespace, _request_timeout=10,
                                                           _preload_content=False).data)
@@ -807,26 +821,26 @@ class FleetSimulator:
         return True
 
     def _answered(self, due: _Due, result: TrialResult | BatchResult, *, killed: bool = False) -> None:
+        with self._cv:
+            if due.settled:  # a retry that read back what an earlier write stored, or the other path's
+                return
+            due.settled = True
+            self.answered.extend(self._keys(due, result))
+            if isinstance(result, TrialResult):
+                self.outcomes[Outcome(result.outcome).value] += 1
+            else:
+                self.outcomes.update(Outcome(a.o).value for a in result.answers)
+                if killed:
+                    self.terminated += 1
+                elif not result.done:  # stopped by an infrastructure failure: a verdict on the Pod
+                    self.outcomes[Outcome.INFRA_ERROR.value] += 1
+            self._cv.notify_all()
+        synthetic = " (synthetic)" if result.fingerprint.synthetic else ""
         if isinstance(result, TrialResult):
-            outcome = Outcome(result.outcome).value
-            with self._cv:
-                self.answered.extend(self._keys(due, result))
-                self.outcomes[outcome] += 1
-                self._cv.notify_all()
-            log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, outcome,
-                     f" {result.objective:.4g} ms" if result.objective else "",
-                     " (synthetic)" if result.fingerprint.synthetic else "")
+            log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, Outcome(result.outcome).value,
+                     f" {result.objective:.4g} ms" if result.objective else "", synthetic)
             return
         counts = Counter(Outcome(a.o).value for a in result.answers)
-        with self._cv:
-            self.answered.extend(self._keys(due, result))
-            self.outcomes.update(counts)
-            if killed:
-                self.terminated += 1
-            elif not result.done:  # stopped by an infrastructure failure: a verdict on the Pod
-                self.outcomes[Outcome.INFRA_ERROR.value] += 1
-            self._cv.notify_all()
         log.info("%s/%s on %s: batch %s%s%s", due.namespace, due.name, due.node,
                  ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "with no answer",
-                 "" if result.done else f", stopped: {result.error}",
-                 " (synthetic)" if result.fingerprint.synthetic else "")
+                 "" if result.done else f", stopped: {result.error}", synthetic)

@@ -346,6 +346,49 @@ def test_a_deleted_batch_pod_that_kwok_ended_first_keeps_kwoks_status():
     assert core.patches == [] and sim.answered == [] and sim.terminated == 0
 
 
+class LostReplyCore(FakeCore):
+    """An apiserver that stores the first status write and dies before replying; the Pod
+    is then still there to read back, or (``deleted``) already removed."""
+
+    def __init__(self, deleted: bool) -> None:
+        super().__init__()
+        self.deleted, self.stored = deleted, None
+
+    def read_namespaced_pod(self, name: str, namespace: str, **_: object) -> SimpleNamespace:
+        if self.deleted:
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(data=json.dumps({"metadata": {"name": name, "uid": "u"}, "status": self.stored}))
+
+    def patch_namespaced_pod_status(self, name: str, namespace: str, body: dict, **_: object) -> SimpleNamespace:
+        from urllib3.exceptions import ProtocolError
+
+        reply = super().patch_namespaced_pod_status(name, namespace, body)
+        if self.stored is not None:
+            return reply
+        self.stored = body["status"]
+        raise ProtocolError("Connection broken: IncompleteRead(0 bytes read)")
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+def test_a_deleted_batch_pods_write_whose_reply_was_lost_is_read_back_and_counted_once(deleted):
+    sim = _sim()
+    _running_batch(sim, elapsed_s=2.3)
+    core = LostReplyCore(deleted)
+    sim._worker_api = lambda: core
+    sim._running.discard("u")  # deleted: the watch no longer counts it running
+    sim._terminate_on_worker(sim._batches.pop("u"), "7")
+    assert len(core.patches) == 1 and sim.answered == [] and sim.unsettled == []
+    assert "IncompleteRead" in sim.errors[-1]
+    [due] = sim._heap  # to be read back once the apiserver answers again
+    for _ in range(2):  # a second try counts nothing twice
+        sim._complete(core, due)
+    assert len(core.patches) == 1, "the Pod ended: nothing more is written"
+    if deleted:  # whether the operator saw them cannot be told
+        assert sim.unsettled == [("ns", "r", "a100", 10)] and sim.answered == [] and sim.terminated == 0
+    else:
+        assert sim.answered == [("ns", "r", "a100", 10)] and sim.unsettled == [] and sim.terminated == 1
+
+
 def test_a_batch_pod_whose_node_is_gone_gets_no_answer_at_all():
     sim = _sim()
     _running_batch(sim, elapsed_s=1.5)
