@@ -821,15 +821,15 @@ class FleetSimulator:
         return True
 
     def _answered(self, due: _Due, result: TrialResult | BatchResult, *, killed: bool = False) -> None:
+        single = isinstance(result, TrialResult)
+        counts = Counter([Outcome(result.outcome).value] if single else [Outcome(a.o).value for a in result.answers])
         with self._cv:
             if due.settled:  # a retry that read back what an earlier write stored, or the other path's
                 return
             due.settled = True
             self.answered.extend(self._keys(due, result))
-            if isinstance(result, TrialResult):
-                self.outcomes[Outcome(result.outcome).value] += 1
-            else:
-                self.outcomes.update(Outcome(a.o).value for a in result.answers)
+            self.outcomes.update(counts)
+            if not single:
                 if killed:
                     self.terminated += 1
                 elif not result.done:  # stopped by an infrastructure failure: a verdict on the Pod
@@ -840,7 +840,6 @@ class FleetSimulator:
             log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, Outcome(result.outcome).value,
                      f" {result.objective:.4g} ms" if result.objective else "", synthetic)
             return
-        counts = Counter(Outcome(a.o).value for a in result.answers)
         log.info("%s/%s on %s: batch %s%s%s", due.namespace, due.name, due.node,
                  ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "with no answer",
                  "" if result.done else f", stopped: {result.error}", synthetic)
