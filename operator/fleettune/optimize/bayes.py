@@ -266,14 +266,13 @@ class BayesOpt(Strategy):
             return None
         return history.cand[own].astype(np.int64), fast
 
-    def _slow_inputs(self, idx: np.ndarray) -> np.ndarray:
-        """The slow-regime classifier's inputs of candidates ``idx``."""
-        xf = np.asarray(self._features(idx, feas=True))
+    def _slow_inputs(self, idx: np.ndarray, xf: torch.Tensor | None = None) -> torch.Tensor:
+        """The slow-regime classifier's inputs of candidates ``idx``: their feasibility
+        features (``xf`` when the caller has them) plus the odd parts of their sizes."""
+        xf = self._features(idx, feas=True) if xf is None else xf
         fn = self.candidates.features
-        if fn is None:
-            return xf
-        odd = fn.odd_parts(self.candidates.rows[idx])
-        return np.hstack([xf, odd]) if odd.shape[1] else xf
+        odd = fn.odd_parts(self.candidates.rows[idx]) if fn is not None else np.zeros((len(idx), 0))
+        return torch.cat([xf, torch.from_numpy(odd).to(xf.dtype)], dim=1) if odd.shape[1] else xf
 
     def _inputs(self, history: History, rows: np.ndarray | None = None, feas: bool = False) -> np.ndarray:
         hx = history.xf if feas else history.x
@@ -315,7 +314,8 @@ class BayesOpt(Strategy):
         elif model == SLOW:
             labelled = self._slow_labels(h)
             if labelled is not None:
-                hyper = fit_feasibility(self._slow_inputs(labelled[0]), labelled[1], init, self.options.fit_iter)
+                hyper = fit_feasibility(np.asarray(self._slow_inputs(labelled[0])), labelled[1], init,
+                                        self.options.fit_iter)
         else:
             ok, z, noise = self._targets(h, model)
             if init is not None and len(init.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
@@ -440,7 +440,7 @@ class BayesOpt(Strategy):
         slow = None
         labelled = self._slow_labels(history)
         if hyper_s is not None and labelled is not None:
-            slow = FeasibilityModel(self._slow_inputs(labelled[0]), labelled[1], hyper_s)
+            slow = FeasibilityModel(np.asarray(self._slow_inputs(labelled[0])), labelled[1], hyper_s)
         cur_ok = history.task[ok] == 1
         if residual:  # in prior units: residual + prior mean + offset
             best = float((z + self.warm.mean_at_rows(history, ok) + offset).min())
@@ -462,8 +462,8 @@ class BayesOpt(Strategy):
             gp, clf, slow, residual, offset, with_task, best = self._model(history, lengthscale, transform)
         power = self.options.feas_power
 
-        def feats(idx: np.ndarray, feas: bool = False) -> torch.Tensor:
-            x = self._features(idx, feas)
+        def feats(idx: np.ndarray, feas: bool = False, x: torch.Tensor | None = None) -> torch.Tensor:
+            x = self._features(idx, feas) if x is None else x
             if with_task and (feas or not residual):
                 x = torch.cat([x, torch.ones(len(idx), 1, dtype=x.dtype)], dim=1)
             return x
@@ -473,10 +473,12 @@ class BayesOpt(Strategy):
             if residual:
                 mean = mean + self.warm.mean_at_candidates(history, idx) + offset
             log_pf = torch.zeros_like(mean)
+            # Both classifiers read the feasibility features: computed once per scored set.
+            xf = self._features(idx, feas=True) if clf is not None or slow is not None else None
             if clf is not None:
-                log_pf = torch.log(clf.prob(feats(idx, feas=True)).clamp_min(1e-12))
+                log_pf = torch.log(clf.prob(feats(idx, feas=True, x=xf)).clamp_min(1e-12))
             if slow is not None:
-                log_pf = log_pf + torch.log(slow.prob(torch.as_tensor(self._slow_inputs(idx))).clamp_min(1e-12))
+                log_pf = log_pf + torch.log(slow.prob(self._slow_inputs(idx, xf)).clamp_min(1e-12))
             return mean, var, log_pf
 
         mean, var, log_pf = score(pool)
