@@ -132,6 +132,36 @@ def test_owner_reference_cascade_from_a_custom_owner(cluster, api_client, namesp
     wait_for(lambda: not _pods(core, namespace, "owned"), 60, "the pod to be collected")
 
 
+def test_an_object_of_a_kind_installed_moments_ago_goes_with_its_owner(cluster, api_client, namespace):
+    """As Kueue's Workloads go with their Jobs. kube-controller-manager's garbage collector
+    learns of a new kind only at its discovery resync, every 30 s: `wait_established`
+    restarts it when it is older than the CRD (an orphaned Workload left in its queue is what
+    Kueue can re-admit as it is collected, and then it admits nothing else; docs/kueue.md)."""
+    plural = f"gadgets{uuid.uuid4().hex[:8]}"
+    group, kind = "test.fleettune.dev", f"Gadget{plural[7:]}"
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": f"{plural}.{group}"},
+           "spec": {"group": group, "scope": "Namespaced",
+                    "names": {"plural": plural, "singular": plural, "kind": kind},
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                        "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    ext, core = client.ApiextensionsV1Api(api_client), client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    ext.create_custom_resource_definition(crd)
+    try:
+        cluster.wait_established(f"{plural}.{group}")
+        owner = core.create_namespaced_config_map(namespace, {"metadata": {"name": "gadget-owner"}})
+        custom.create_namespaced_custom_object(group, "v1", namespace, plural, {
+            "apiVersion": f"{group}/v1", "kind": kind, "metadata": {"name": "owned", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "gadget-owner", "uid": owner.metadata.uid}]}})
+        core.delete_namespaced_config_map("gadget-owner", namespace, propagation_policy="Background")
+        # Well under the resync's 30 s: without the restart, only a resync due by chance passes.
+        wait_for(lambda: not custom.list_namespaced_custom_object(group, "v1", namespace, plural)["items"], 8,
+                 "the owned object to be collected")
+    finally:
+        ext.delete_custom_resource_definition(f"{plural}.{group}")
+
+
 def test_up_is_idempotent_restarts_keep_state_and_down_leaves_nothing(tmp_path: Path):
     state = tmp_path / f"c-{uuid.uuid4().hex[:6]}"
     fleet = default_fleet()
