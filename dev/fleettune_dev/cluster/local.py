@@ -324,20 +324,23 @@ class LocalCluster:
         --for=condition=Established` fails at once, rather than waits, while a new CRD has
         no status.conditions yet: that is retried."""
         deadline = time.monotonic() + timeout
+        created: list[float] = []
         for crd in crds:
             while True:
                 left = max(1, int(deadline - time.monotonic()))
                 proc = self.kubectl("wait", "--for=condition=Established", f"crd/{crd}", f"--timeout={left}s",
-                                    check=False, timeout=left + 30)
+                                    "-o", "jsonpath={.metadata.creationTimestamp}", check=False, timeout=left + 30)
                 if proc.returncode == 0:
+                    created.append(datetime.fromisoformat(proc.stdout.strip().replace("Z", "+00:00")).timestamp())
                     break
                 if "accessor error" not in proc.stderr or time.monotonic() > deadline:
                     raise ClusterError(f"CRD {crd} not established: {proc.stderr.strip()}")
                 time.sleep(0.5)
-        self._collect_garbage_of(*crds)
+        if created:
+            self._collect_garbage_since(max(created))
 
-    def _collect_garbage_of(self, *crds: str) -> None:
-        """Restart kube-controller-manager if it started before one of ``crds`` was created.
+    def _collect_garbage_since(self, created: float) -> None:
+        """Restart kube-controller-manager if it started before ``created`` (a CRD's creation).
 
         Its garbage collector learns of a new kind only at its discovery resync, every 30 s
         (not configurable). Until then, what a deleted object owned outlives it: a Kueue
@@ -347,14 +350,11 @@ class LocalCluster:
         it is collected, which leaves the ClusterQueue's other pending Workloads unadmitted
         although its quota is free (docs/kueue.md)."""
         rec = processes.load(self._pids, "kube-controller-manager")
-        if not crds or rec is None or not processes.is_alive(rec):
+        if rec is None or not processes.is_alive(rec):
             return
         started = (self._pids / "kube-controller-manager.json").stat().st_mtime
-        got = json.loads(self.kubectl("get", "crd", *crds, "-o", "json").stdout)
-        created = [datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00")).timestamp()
-                   for item in got.get("items", [got])]
         # creationTimestamp has whole seconds: one created in the second the manager started counts as after.
-        if max(created) >= started - 1:
+        if created >= started - 1:
             self.restart("kube-controller-manager")
 
     def kubectl_path(self) -> Path:
