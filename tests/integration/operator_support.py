@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,9 +62,7 @@ class ChartIdentity:
 
 
 def install_crd(cluster: Any) -> None:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(render())
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", f.name)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=render())
     cluster.wait_established(f"{PLURAL}.{GROUP}")
 
 
@@ -92,7 +89,9 @@ class OperatorProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace,
                  "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"],
-                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath()},
+                # TMPDIR: the kubernetes client's copy of the CA certificate, left behind by a kill.
+                env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath(),
+                     "TMPDIR": str(self.log_dir)},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
 
@@ -128,9 +127,7 @@ def example(name: str, **budget: int) -> dict[str, Any]:
 def apply(cluster: Any, namespace: str, doc: dict[str, Any], *extra: str) -> subprocess.CompletedProcess[str]:
     # JSON, not YAML: PyYAML writes a string such as "659e18" (a random suffix) bare, and
     # kubectl's YAML 1.2 reader takes it for a number.
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(doc, f)
-    return cluster.kubectl("apply", "-n", namespace, "-f", f.name, *extra, check=False)
+    return cluster.kubectl("apply", "-n", namespace, "-f", "-", *extra, check=False, input=json.dumps(doc))
 
 
 def get_run(cluster: Any, namespace: str, name: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -243,6 +244,12 @@ class LocalCluster:
         rec = processes.load(self._pids, name)
         if rec is not None and processes.is_alive(rec):
             return rec, False
+        # The kubernetes client writes a kubeconfig's certificates to temporary files that only
+        # its atexit hook removes, and a service stopped by a signal never runs it: keep them
+        # in the state directory, which `down` removes.
+        tmp = self.state_dir / "tmp" / name
+        tmp.mkdir(parents=True, exist_ok=True)
+        env = {**(os.environ if env is None else env), "TMPDIR": str(tmp)}
         rec = processes.start(name, argv, log=self.logs_dir / f"{name}.log", pid_dir=self._pids,
                               cwd=self.state_dir, env=env)
         return rec, True

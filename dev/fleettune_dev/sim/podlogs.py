@@ -15,6 +15,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -37,10 +39,13 @@ def cri_line(text: str) -> str:
 
 
 class PodLogs:
-    """Log files of the simulated Pods under ``directory``, and the lines due in them."""
+    """Log files of the simulated Pods, and the lines due in them.
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    The files live in a private temporary folder made at ``start`` and removed at ``stop``:
+    a simulator built but never started (as unit tests do) leaves nothing behind."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
         self.enabled = True
         self._heap: list[tuple[float, int, str, str]] = []  # (due, seq, Pod uid, line)
         self._paths: dict[str, Path] = {}  # Pod uid -> its file, while lines may still be due
@@ -50,7 +55,8 @@ class PodLogs:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix="fleettune-sim-logs-"))
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="fleettune-sim-logs", daemon=True)
         self._thread.start()
@@ -62,10 +68,16 @@ class PodLogs:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+        with self._cv:
+            self._paths.clear()
+            self._heap.clear()
 
     def open(self, custom: Any, pod: dict[str, Any]) -> bool:
         """Create the Pod's (empty) log file and the ``Logs`` object pointing kwok at it."""
-        if not self.enabled:
+        if not self.enabled or self.directory is None:  # off, or not started
             return False
         meta = pod["metadata"]
         path = self.directory / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log"

@@ -47,8 +47,6 @@ import heapq
 import itertools
 import json
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -234,7 +232,7 @@ class FleetSimulator:
         self._threads: list[threading.Thread] = []
         self._models: dict[tuple[str, str], KernelModel] = {}
         # Batch Pods' answer lines, served by kwok as their logs (a folder of its own, removed at stop).
-        self.podlogs = PodLogs(Path(tempfile.mkdtemp(prefix="fleettune-sim-logs-")))
+        self.podlogs = PodLogs()
         # Node name -> uid, per the node watch; None until its first list.
         self._nodes: dict[str, str] | None = None
 
@@ -265,7 +263,6 @@ class FleetSimulator:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self.podlogs.stop()
-        shutil.rmtree(self.podlogs.directory, ignore_errors=True)
 
     def __enter__(self) -> FleetSimulator:
         return self.start()
