@@ -85,15 +85,19 @@ def fit_hyper(
     length-scales for a huge variance and interpolate every point independently);
     None fixes the variance at 1.
     """
-    from botorch.exceptions.warnings import OptimizationWarning
-    from botorch.models import SingleTaskGP
-    from botorch.optim.fit import fit_gpytorch_mll_scipy
-    from gpytorch.constraints import GreaterThan
-    from gpytorch.kernels import MaternKernel, ScaleKernel
-    from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
-    from gpytorch.means import ConstantMean
-    from gpytorch.mlls import ExactMarginalLogLikelihood
-    from gpytorch.priors import GammaPrior, LogNormalPrior
+    with warnings.catch_warnings():
+        # linear_operator (under gpytorch) applies torch.jit.script at import, which torch
+        # deprecates: a FutureWarning in the operator's log that no user can act on.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script", category=FutureWarning)
+        from botorch.exceptions.warnings import OptimizationWarning
+        from botorch.models import SingleTaskGP
+        from botorch.optim.fit import fit_gpytorch_mll_scipy
+        from gpytorch.constraints import GreaterThan
+        from gpytorch.kernels import MaternKernel, ScaleKernel
+        from gpytorch.likelihoods import FixedNoiseGaussianLikelihood
+        from gpytorch.means import ConstantMean
+        from gpytorch.mlls import ExactMarginalLogLikelihood
+        from gpytorch.priors import GammaPrior, LogNormalPrior
 
     n_features = x.shape[1]
     tx = torch.as_tensor(x, dtype=torch.float64)

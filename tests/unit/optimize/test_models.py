@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -154,6 +156,17 @@ def test_a_fit_that_l_bfgs_ends_abnormally_is_kept_and_warns_no_one(monkeypatch:
         hyper = fit_hyper(x, y, np.zeros(60))
     assert not [w for w in seen if issubclass(w.category, OptimizationWarning)]
     assert np.array_equal(hyper.lengthscale, fitted.lengthscale)  # the fit, not the start point
+
+
+def test_the_first_fit_of_a_process_warns_nothing_a_user_cannot_act_on():
+    """The first fit imports BoTorch, whose linear_operator applies the deprecated
+    torch.jit.script at import: that FutureWarning would be the operator's first log line
+    about the optimiser. A fresh interpreter, since this one has imported BoTorch."""
+    code = ("import numpy as np; from fleettune.optimize.gp import fit_hyper; "
+            "x = np.random.default_rng(0).random((8, 2)); fit_hyper(x, np.linspace(-1, 1, 8), np.zeros(8))")
+    proc = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_log_ei_is_exact_and_finite_in_the_tail():
