@@ -185,6 +185,11 @@ def test_up_is_idempotent_restarts_keep_state_and_down_leaves_nothing(tmp_path: 
         wait_for(lambda: "simulating pools a100, rtx-a4000, jetson-orin" in log.read_text(), 60,
                  "the simulator to start")
         assert c.status()["services"]["simulator"]["pid"] == sim.pid
+        # Its temporary files (the kubernetes client's copies of the kubeconfig's certificates,
+        # the Pods' log folder) go in the state directory, which `down` removes.
+        environ = Path(f"/proc/{sim.pid}/environ").read_bytes().split(b"\0")
+        assert f"TMPDIR={state / 'tmp' / 'simulator'}".encode() in environ
+        assert [p.name for p in (state / "tmp" / "simulator").iterdir() if p.name.startswith("fleettune-sim-logs-")]
     finally:
         c.down()
     assert not state.exists()
