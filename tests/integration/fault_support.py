@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import yaml
 
@@ -169,7 +169,43 @@ def _write_status(core: Any, namespace: str, name: str, image: str, exit_code: i
     core.patch_namespaced_pod_status(name, namespace, body, _request_timeout=10)
 
 
-class PodCompleter:
+class _Poller:
+    """A thread that calls `_tick` with an API client every ``poll_s`` seconds while its
+    ``with`` block runs. A failed tick is kept in ``errors`` (the last 20) and the polling
+    goes on: the fault tests restart the apiserver under it."""
+
+    def __init__(self, cluster: Any, namespace: str, poll_s: float, name: str) -> None:
+        self.cluster, self.namespace, self.poll_s = cluster, namespace, poll_s
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(15)
+
+    def _loop(self) -> None:
+        api = self.cluster.api_client()
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._tick(api)
+                except Exception as exc:
+                    self.errors = [*self.errors[-20:], f"{type(exc).__name__}: {exc}"]
+                self._stop.wait(self.poll_s)
+        finally:
+            api.close()
+
+    def _tick(self, api: Any) -> None:
+        raise NotImplementedError
+
+
+class PodCompleter(_Poller):
     """A kubelet stand-in for the trial Pods of one namespace (see the module docstring).
 
     A Pod is answered only if its node still exists when its reply is due: a machine that
@@ -182,44 +218,23 @@ class PodCompleter:
     """
 
     def __init__(self, cluster: Any, namespace: str, policy: Policy, poll_s: float = 0.2) -> None:
-        self.cluster, self.namespace, self.policy, self.poll_s = cluster, namespace, policy, poll_s
+        super().__init__(cluster, namespace, poll_s, "pod-completer")
+        self.policy = policy
         self.answered: list[tuple[str, int, str]] = []
         self.killed: list[str] = []
         self.pods: dict[str, dict[str, Any]] = {}
         self.running: dict[str, tuple[Trial | Batch, str]] = {}  # pod name -> (work, node) while unanswered
-        self.errors: list[str] = []
         self._due: list[_Due] = []
         self._seen: set[str] = set()
         self._killed: set[str] = set()
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> PodCompleter:
-        self._thread = threading.Thread(target=self._loop, name="pod-completer", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(15)
-
-    def _loop(self) -> None:
+    def _tick(self, api: Any) -> None:
         from kubernetes import client
 
-        api = self.cluster.api_client()
         core = client.CoreV1Api(api)
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._poll(core)
-                    self._complete_due(core)
-                except Exception as exc:  # the apiserver may be restarting: keep going
-                    self.errors = [*self.errors[-20:], f"{type(exc).__name__}: {exc}"]
-                self._stop.wait(self.poll_s)
-        finally:
-            api.close()
+        self._poll(core)
+        self._complete_due(core)
 
     def _poll(self, core: Any) -> None:
         resp = core.list_namespaced_pod(self.namespace, label_selector=MANAGED, _preload_content=False,
@@ -415,7 +430,7 @@ def tracebacks(log: str) -> list[str]:
     return ["\n".join(lines[max(0, i - 1): i + 12]) for i, ln in enumerate(lines) if ln.startswith("Traceback")]
 
 
-class JobLedger:
+class JobLedger(_Poller):
     """Every trial Job seen in a namespace, by polling: name -> uids, and creation times.
 
     A name seen with two uids is a Job that was created twice (a restarted operator that
@@ -423,51 +438,28 @@ class JobLedger:
     """
 
     def __init__(self, cluster: Any, namespace: str, poll_s: float = 0.1) -> None:
-        self.cluster, self.namespace, self.poll_s = cluster, namespace, poll_s
+        super().__init__(cluster, namespace, poll_s, "job-ledger")
         self.uids: dict[str, set[str]] = {}
         self.created: dict[str, str] = {}  # uid -> creationTimestamp
         self.labels: dict[str, dict[str, str]] = {}  # uid -> labels
         self.trials: dict[str, list[tuple[str, int]]] = {}  # uid -> (pool, index) of each trial it measures
         self.live = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> JobLedger:
-        self._thread = threading.Thread(target=self._loop, name="job-ledger", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(15)
-
-    def _loop(self) -> None:
+    def _tick(self, api: Any) -> None:
         from kubernetes import client
 
-        api = self.cluster.api_client()
-        batch = client.BatchV1Api(api)
-        try:
-            while not self._stop.is_set():
-                try:
-                    resp = batch.list_namespaced_job(self.namespace, label_selector=MANAGED,
-                                                     _preload_content=False, _request_timeout=10)
-                    items = json.loads(resp.data)["items"]
-                except Exception:  # apiserver restarting
-                    items = None
-                if items is not None:
-                    self.live = len(items)
-                    for job in items:
-                        meta = job["metadata"]
-                        self.uids.setdefault(meta["name"], set()).add(meta["uid"])
-                        self.created.setdefault(meta["uid"], meta["creationTimestamp"])
-                        self.labels.setdefault(meta["uid"], meta.get("labels", {}))
-                        if meta["uid"] not in self.trials:
-                            target = meta.get("labels", {}).get(TARGET_LABEL, "")
-                            self.trials[meta["uid"]] = [(target, index) for index, _ in entries_of(job)]
-                self._stop.wait(self.poll_s)
-        finally:
-            api.close()
+        resp = client.BatchV1Api(api).list_namespaced_job(self.namespace, label_selector=MANAGED,
+                                                          _preload_content=False, _request_timeout=10)
+        items = json.loads(resp.data)["items"]
+        self.live = len(items)
+        for job in items:
+            meta = job["metadata"]
+            self.uids.setdefault(meta["name"], set()).add(meta["uid"])
+            self.created.setdefault(meta["uid"], meta["creationTimestamp"])
+            self.labels.setdefault(meta["uid"], meta.get("labels", {}))
+            if meta["uid"] not in self.trials:
+                target = meta.get("labels", {}).get(TARGET_LABEL, "")
+                self.trials[meta["uid"]] = [(target, index) for index, _ in entries_of(job)]
 
     @property
     def total(self) -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-import time
 import uuid
+from functools import partial
 from pathlib import Path
 
+import operator_support
 import pytest
 from kubernetes import client
 
@@ -17,14 +18,8 @@ from fleettune_dev.cluster.processes import find
 pytestmark = pytest.mark.integration
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+# Services and Pods answer in well under a second here: poll faster than the operator tests do.
+wait_for = partial(operator_support.wait_for, interval=0.2)
 
 
 def _job(name: str, pool: str, gpus: int = 1, **pod_spec) -> dict:

@@ -19,13 +19,10 @@ from operator_support import (
     wait_phase,
 )
 
+from fleettune.labels import POOL_LABEL
 from fleettune_job.protocol import Outcome
 
 pytestmark = pytest.mark.integration
-
-POOL_LABEL = "fleettune.dev/pool"
-
-
 
 
 def _node_pools(cluster) -> dict[str, str]:

@@ -6,7 +6,9 @@ import gzip
 import json
 import time
 import uuid
+from functools import partial
 
+import operator_support
 import pytest
 from kubernetes import client
 
@@ -27,14 +29,8 @@ pytestmark = pytest.mark.integration
 EDGE_TOLERATION = {"key": "edge", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+# Services and Pods answer in well under a second here: poll faster than the operator tests do.
+wait_for = partial(operator_support.wait_for, interval=0.2)
 
 
 @pytest.fixture(scope="module")
