@@ -5,21 +5,32 @@ Data keys:
 
 * ``tuned.json``: every entry — pool, problem size, configuration, time, fingerprint
   (`fleettune.api.TunedFor`'s camelCase form, as in the status), tuning round (key
-  ``generation``, its name when the format was published) — as one JSON document;
+  ``generation``, its name when the format was published) and kernel identity (``kernel``:
+  a hash of the kernel, its source, parameters, constraints and objective) — as one JSON
+  document;
 * flat keys an application (or an env-from / volume mount) can read without a JSON
   parser: ``<pool>.<size>.<param>`` = value, ``<pool>.<size>.time_ms``,
-  ``<pool>.<size>.fingerprint``, and ``<pool>.sizes`` listing the tuned sizes, with
-  ``<size>`` = ``2048x2048``.
+  ``<pool>.<size>.fingerprint``, ``<pool>.<size>.generation``, ``<pool>.<size>.kernel``,
+  and ``<pool>.sizes`` listing the tuned sizes, with ``<size>`` = ``2048x2048``.
 
 Everything is sorted and free of timestamps of its own, so writing an unchanged result
 (server-side apply, a restarted operator) is a no-op. One object, written in one call:
-an application never sees half an update. An entry is replaced only by a better result
-on the same fingerprint, or by a result of a different (newer) fingerprint — a driver
-upgrade may make the best configuration slower, and then the slower one is the truth.
+an application never sees half an update.
+
+An entry always belongs to its pool's current round. Within a round it is replaced only
+by a better result on the same fingerprint, or by a result of a newer fingerprint (a pool
+whose nodes change driver one at a time). When a new round starts, the first result of
+that round replaces the entry whatever its time: a driver upgrade or an edited kernel may
+make the best configuration slower, and then the slower one is the truth. Until the new
+round has a result, the old entry stays when the kernel is the same (a driver upgrade or a
+requested re-tune: the old configuration is still a correct one for the application to
+run) and is withdrawn when the kernel changed (source, parameters, constraints or
+objective): a configuration measured on code that no longer exists may not even be valid.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -55,6 +66,7 @@ class PublishedEntry(BaseModel):
     # read; `generation=` is also accepted here until every caller says `round=`.
     round: int = Field(default=1, validation_alias=AliasChoices("round", "generation"))
     measured_at: str = ""  # ISO-8601 time the trial was recorded: orders fingerprints
+    kernel: str = ""  # the kernel's identity (`kernel_identity`); "" in entries of earlier versions
 
     @property
     def slot(self) -> tuple[str, ProblemSize]:
@@ -74,6 +86,8 @@ class PublishedEntry(BaseModel):
             out["trial"] = self.trial
         if self.measured_at:
             out["measuredAt"] = self.measured_at
+        if self.kernel:
+            out["kernel"] = self.kernel
         return out
 
     @classmethod
@@ -87,6 +101,7 @@ class PublishedEntry(BaseModel):
             trial=data.get("trial"),
             round=int(data.get("generation", 1)),
             measured_at=str(data.get("measuredAt", "")),
+            kernel=str(data.get("kernel", "")),
         )
 
 
@@ -120,6 +135,9 @@ def flat_keys(entries: Iterable[PublishedEntry]) -> dict[str, str]:
             out[safe_key(f"{prefix}.{name}")] = _value(value)
         out[safe_key(f"{prefix}.time_ms")] = _value(_significant(e.time_ms))
         out[safe_key(f"{prefix}.fingerprint")] = fingerprint_key(e.fingerprint)
+        out[safe_key(f"{prefix}.generation")] = str(e.round)
+        if e.kernel:
+            out[safe_key(f"{prefix}.kernel")] = e.kernel
         sizes.setdefault(e.pool, []).append(e.problem_size)
     for pool, tuned in sizes.items():
         out[safe_key(f"{pool}.sizes")] = ",".join(size_key(s) for s in sorted(tuned))
@@ -210,13 +228,23 @@ def read_entries(data: Mapping[str, str] | None) -> list[PublishedEntry]:
         return []
 
 
+def kernel_identity(space_hash: str, source_digest: str | None) -> str:
+    """What a published entry was measured on: the run's space hash (kernel, parameters,
+    constraints, objective) and, for CUDA source, the digest of the source text."""
+    return hashlib.sha256(f"{space_hash}/{source_digest or ''}".encode()).hexdigest()[:12]
+
+
 def _wins(new: PublishedEntry, old: PublishedEntry) -> bool:
+    if (new.round, new.kernel) != (old.round, old.kernel):
+        # A new round (or kernel): its result is the truth even when slower. Callers pass
+        # only results of their pools' current rounds as new.
+        return True
     if fingerprint_key(new.fingerprint) == fingerprint_key(old.fingerprint):
         # Same hardware and driver: only a strictly better time replaces, so a re-measured
         # (noisier) copy of the same configuration never makes the published one regress.
         return math.isfinite(new.time_ms) and _significant(new.time_ms) < _significant(old.time_ms)
-    # Another fingerprint: the newer measurement describes the pool as it is now. An
-    # entry without a time is taken as new (the controller only publishes current ones).
+    # Another fingerprint in the same round (nodes changing driver one at a time): the newer
+    # measurement describes the pool as it is now.
     return not new.measured_at or not old.measured_at or new.measured_at >= old.measured_at
 
 
@@ -231,12 +259,17 @@ def best_entries(candidates: Iterable[PublishedEntry]) -> list[PublishedEntry]:
 
 
 def merge_entries(
-    current: Iterable[PublishedEntry], new: Iterable[PublishedEntry], pools: Collection[str] | None = None
+    current: Iterable[PublishedEntry], new: Iterable[PublishedEntry], pools: Collection[str] | None = None,
+    kernel: str | None = None,
 ) -> list[PublishedEntry]:
-    """What to publish given what is published and the run's current bests. Entries of
-    slots the new results do not cover are kept (an application keeps its configuration
-    while its pool re-tunes), except pools not in ``pools`` when given (targets removed)."""
-    out = {e.slot: e for e in current if pools is None or e.pool in pools}
+    """What to publish given what is published and the bests of the pools' current rounds.
+
+    Entries of slots the new results do not cover are kept (an application keeps its
+    configuration while its pool re-tunes the same kernel), except pools not in ``pools``
+    when given (targets removed) and, when ``kernel`` is given, entries measured on
+    another kernel (withdrawn until their pool has a result of this one)."""
+    out = {e.slot: e for e in current
+           if (pools is None or e.pool in pools) and (kernel is None or e.kernel == kernel)}
     for e in best_entries(new):
         if pools is not None and e.pool not in pools:
             continue
@@ -246,22 +279,11 @@ def merge_entries(
     return _sorted(out.values())
 
 
-def should_publish(
-    current_data: Mapping[str, str] | None, new_entries: Iterable[PublishedEntry],
-    pools: Collection[str] | None = None,
-) -> bool:
-    """True when writing would change what applications read: a better result, a newer
-    fingerprint, a new pool or size (or a removed pool, with ``pools``)."""
-    current = read_entries(current_data)
-    merged = merge_entries(current, new_entries, pools)
-    return [e.to_json() for e in merged] != [e.to_json() for e in _sorted(current)]
-
-
 def publish_plan(
     run_name: str, current_data: Mapping[str, str] | None, new_entries: Iterable[PublishedEntry],
-    pools: Collection[str] | None = None,
+    pools: Collection[str] | None = None, kernel: str | None = None,
 ) -> dict[str, str] | None:
     """The data to write, or None when the ConfigMap already says exactly that (also
     repairs hand-edited or truncated flat keys)."""
-    desired = configmap_data(run_name, merge_entries(read_entries(current_data), new_entries, pools))
+    desired = configmap_data(run_name, merge_entries(read_entries(current_data), new_entries, pools, kernel))
     return None if dict(current_data or {}) == desired else desired

@@ -128,11 +128,19 @@ def test_publishing_never_takes_over_a_configmap_the_run_does_not_own(cluster, n
     assert config_map(api_client, namespace, shard["metadata"]["name"])["binaryData"] == shard["binaryData"]
     assert stored_records(cluster, namespace, "owner") == records
 
+    # The name freed, the finished run takes it at once (it watches a name it was refused),
+    # not at its next idle wake-up minutes later; until then it said why it could not.
+    core.delete_namespaced_config_map("precious-config", namespace)
+    taken = wait_for(lambda: (r := get_run(cluster, namespace, "thief-app"))
+                     and condition(r, "Published").get("status") == "True" and r, 20, "the freed name to be taken")
+    assert taken["status"]["published"] == "precious-config" and condition(taken, "Degraded")["status"] == "False"
+    assert config_map(api_client, namespace, "precious-config")["metadata"]["labels"]["fleettune.dev/published-by"] \
+        == "thief-app"
+
     # Deleting the refused runs takes nothing of anyone else's with them.
     for run in thieves:
         delete_run(cluster, namespace, run)
     time.sleep(5)  # the garbage collector acts within a second or two
-    assert config_map(api_client, namespace, "precious-config") is not None
     assert stored_records(cluster, namespace, "owner") == records
     assert_no_tracebacks(operator)
 

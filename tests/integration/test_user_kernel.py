@@ -129,15 +129,29 @@ def test_an_unknown_builtin_is_refused_up_front(cluster, namespace, operator):
     assert not jobs(cluster, namespace, "typo")
 
 
+def published_entry(cluster: Any, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "configmap", "-n", namespace, name, "-o", "json")
+    data = json.loads(out.stdout)["data"]
+    (entry,) = json.loads(data["tuned.json"])["entries"]
+    flat = {k.split(".", 2)[2]: v for k, v in data.items() if k.count(".") >= 2}
+    assert flat["generation"] == str(entry["generation"]) and flat["kernel"] == entry["kernel"], data
+    return entry
+
+
 def test_an_edited_source_is_another_kernel_and_starts_a_new_round(cluster, namespace, operator, simulator):
-    """The ConfigMap is mounted live into trial Pods: results of two sources must not mix."""
+    """The ConfigMap is mounted live into trial Pods: results of two sources must not mix,
+    and what is published follows the new round, even when its best is slower."""
     source_map, run = user_run("edited", trials=4)
     run["spec"]["budget"]["parallelism"] = 1
+    run["spec"]["publish"] = {"configMapName": "edited-tuned"}
     apply(cluster, namespace, source_map)
     apply(cluster, namespace, run)
     first = wait_phase(cluster, namespace, "edited", 180, operator)
     digest = first["status"]["sourceDigest"]
     assert first["status"]["targets"][0]["round"] == 1
+    published = wait_for(lambda: published_entry(cluster, namespace, "edited-tuned"), 30, "the first publish")
+    assert published["generation"] == 1
+    assert published["timeMs"] == pytest.approx(first["status"]["targets"][0]["best"]["objectiveMs"], rel=1e-4)
 
     key = run["spec"]["kernel"]["source"]["key"]
     source_map["data"][key] = "// tuned by hand\n" + source_map["data"][key]
@@ -154,3 +168,12 @@ def test_an_edited_source_is_another_kernel_and_starts_a_new_round(cluster, name
     assert rounds == {1, 2}
     retunes = [e["message"] for e in events(cluster, namespace, "edited") if e["reason"] == "Retune"]
     assert retunes == ["a100: round 2: the kernel source changed"], retunes
+    best = status["targets"][0]["best"]
+
+    def republished() -> dict[str, Any] | None:
+        entry = published_entry(cluster, namespace, "edited-tuned")
+        return entry if entry["generation"] == 2 else None
+
+    entry = wait_for(republished, 30, "round 2's best to be published")
+    assert entry["config"] == best["config"] and entry["timeMs"] == pytest.approx(best["objectiveMs"], rel=1e-4)
+    assert entry["kernel"] != published["kernel"]

@@ -18,7 +18,6 @@ from fleettune.publish import (
     published_configmap,
     read_entries,
     safe_key,
-    should_publish,
 )
 
 OLD = NodeFingerprint(product="NVIDIA-A100-PCIE-40GB", compute_capability="8.0", driver_version="550.54.15",
@@ -26,9 +25,15 @@ OLD = NodeFingerprint(product="NVIDIA-A100-PCIE-40GB", compute_capability="8.0",
 NEW = OLD.model_copy(update={"driver_version": "560.35.03"})
 
 
-def entry(pool="a100", size=(4096, 4096), t=1.0, fp=OLD, at="2025-01-01T00:00:00Z", **config) -> PublishedEntry:
+def entry(pool="a100", size=(4096, 4096), t=1.0, fp=OLD, at="2025-01-01T00:00:00Z", round=1, kernel="k1",
+          **config) -> PublishedEntry:
     return PublishedEntry(pool=pool, problem_size=size, config=config or {"block_size_x": 32, "tile": 2},
-                          time_ms=t, fingerprint=fp, trial=3, measured_at=at)
+                          time_ms=t, fingerprint=fp, trial=3, measured_at=at, round=round, kernel=kernel)
+
+
+def should_publish(current, new, pools=None, kernel=None) -> bool:
+    return publish_plan("r", configmap_data("r", read_entries(current)) if current else None, new, pools,
+                        kernel) is not None
 
 
 def test_configmap_shape_and_flat_keys() -> None:
@@ -44,6 +49,7 @@ def test_configmap_shape_and_flat_keys() -> None:
     assert data["a100.4096x4096.time_ms"] == "1"
     assert data["a100.4096x4096.fingerprint"] == "NVIDIA-A100-PCIE-40GB_sm80_drv550.54.15_cuda12.4"
     assert data["a100.sizes"] == "4096x4096"
+    assert data["a100.4096x4096.generation"] == "1" and data["a100.4096x4096.kernel"] == "k1"
     assert all(re.fullmatch(r"[-._a-zA-Z0-9]+", k) for k in data)
     doc = json.loads(data[TUNED_JSON])
     assert doc["run"] == "conv"
@@ -80,7 +86,7 @@ def test_only_better_or_newer_results_replace() -> None:
     assert not should_publish(published, [entry(t=0.5, fp=NEW, at="2024-12-01T00:00:00Z")])
     assert should_publish(published, [entry(size=(2048, 2048))])  # new size
     assert should_publish(None, [entry()])
-    assert not should_publish(None, [])
+    assert read_entries(publish_plan("r", None, []) or {}) == []
 
 
 def test_merge_keeps_other_slots_and_prunes_removed_pools() -> None:
@@ -111,7 +117,35 @@ def test_publish_plan_is_none_when_nothing_changes() -> None:
 def test_unreadable_current_data_is_replaced() -> None:
     assert read_entries({TUNED_JSON: "{not json"}) == []
     assert read_entries({TUNED_JSON: json.dumps({"entries": [{"pool": "a"}]})}) == []
-    assert should_publish({TUNED_JSON: "garbage"}, [entry()])
+    assert publish_plan("r", {TUNED_JSON: "garbage"}, [entry()]) is not None
+
+
+def test_a_new_round_replaces_the_entry_even_when_slower() -> None:
+    """Whatever starts a new round (driver, re-tune, space), its first result is published:
+    the older round's faster time was measured on hardware or code that is no longer there."""
+    published = configmap_data("r", [entry(t=0.42)])
+    plan = publish_plan("r", published, [entry(t=5.58, round=2, block_size_x=64)], kernel="k1")
+    assert plan is not None
+    (now,) = read_entries(plan)
+    assert (now.time_ms, now.round, now.config["block_size_x"]) == (5.58, 2, 64)
+    assert plan["a100.4096x4096.generation"] == "2"
+    # Within the new round, only a better time replaces it.
+    assert publish_plan("r", plan, [entry(t=6.0, round=2)], kernel="k1") is None
+
+
+def test_an_edited_kernel_withdraws_its_entries_until_they_are_measured_again() -> None:
+    published = configmap_data("r", [entry(pool="a100", t=0.42), entry(pool="rtx", t=0.9)])
+    # The kernel changed (k2): rtx's new round has a result, a100's has none yet.
+    plan = publish_plan("r", published, [entry(pool="rtx", t=3.0, round=2, kernel="k2")], kernel="k2")
+    assert plan is not None
+    assert [(e.pool, e.time_ms, e.round, e.kernel) for e in read_entries(plan)] == [("rtx", 3.0, 2, "k2")]
+    assert not any(k.startswith("a100.") for k in plan)
+    # The same kernel re-tuned (a driver upgrade, a requested re-tune): kept until replaced.
+    assert publish_plan("r", published, [], kernel="k1") is None
+    # Entries of earlier versions carry no kernel: replaced by the current round's result.
+    legacy = configmap_data("r", [entry(t=0.42, kernel="")])
+    (now,) = read_entries(publish_plan("r", legacy, [entry(t=0.5)], kernel="k1") or {})
+    assert (now.time_ms, now.kernel) == (0.5, "k1")
 
 
 def test_size_budget() -> None:
@@ -124,7 +158,7 @@ def test_published_json_keys_stay_what_applications_read() -> None:
     e = entry(fp=OLD.model_copy(update={"mig_profile": "1g.5gb", "memory_mib": 40960}))
     doc = e.to_json()
     assert set(doc) == {"pool", "problemSize", "config", "timeMs", "fingerprint", "fingerprintKey", "generation",
-                        "trial", "measuredAt"}
+                        "trial", "measuredAt", "kernel"}
     assert doc["fingerprint"] == {"product": "NVIDIA-A100-PCIE-40GB", "computeCapability": "8.0",
                                   "driverVersion": "550.54.15", "cudaRuntimeVersion": "12.4", "migProfile": "1g.5gb",
                                   "memoryMib": 40960}

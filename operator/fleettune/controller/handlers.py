@@ -76,10 +76,11 @@ class OperatorState:
     # value (jobs.run_label: the name, hashed when longer than a label value may be).
     run_uids: dict[tuple[str, str], str] = field(default_factory=dict)
     runs_seen: dict[str, tuple[Any, dict[str, str]]] = field(default_factory=dict)  # uid -> (generation, annotations)
-    # (namespace, ConfigMap) -> uids of the runs whose kernel source it holds; those runs re-read
-    # it when it changes (uids in sources_changed), rather than minutes later.
-    sources: dict[tuple[str, str], set[str]] = field(default_factory=dict)
-    sources_changed: set[str] = field(default_factory=set)
+    # (namespace, ConfigMap) -> uids of the runs that read it (their kernel source, or a publish
+    # target they were refused); those runs re-read it when it changes (uids in
+    # configmaps_changed), rather than minutes later.
+    configmaps: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    configmaps_changed: set[str] = field(default_factory=set)
     # Node label changes that matter (driver upgrades, cordons, new or lost nodes) bump the
     # epoch; runs re-read the nodes only then (or when their copy is old).
     nodes_seen: dict[str, tuple[dict[str, str], bool]] = field(default_factory=dict)
@@ -98,15 +99,15 @@ class OperatorState:
         if uid and uid in self.wakers:
             self.wakers[uid].set()
 
-    def track_source(self, uid: str, key: tuple[str, str] | None) -> None:
-        """Note which ConfigMap holds the run's kernel source now (None: none)."""
-        for other, uids in list(self.sources.items()):
-            if other != key:
+    def track_configmaps(self, uid: str, keys: set[tuple[str, str]]) -> None:
+        """Note which ConfigMaps the run reads now."""
+        for other, uids in list(self.configmaps.items()):
+            if other not in keys:
                 uids.discard(uid)
                 if not uids:
-                    del self.sources[other]
-        if key is not None:
-            self.sources.setdefault(key, set()).add(uid)
+                    del self.configmaps[other]
+        for key in keys:
+            self.configmaps.setdefault(key, set()).add(uid)
 
 
 def state_of(memo: Any) -> OperatorState:
@@ -185,8 +186,8 @@ async def node_event(name: str, event: kopf.RawEvent, body: kopf.Body, type: str
 @kopf.on.event("", "v1", "configmaps")
 async def configmap_event(name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     state = state_of(memo)
-    for uid in state.sources.get((namespace or "", name), ()):
-        state.sources_changed.add(uid)
+    for uid in state.configmaps.get((namespace or "", name), ()):
+        state.configmaps_changed.add(uid)
         state.wake(uid)
 
 
@@ -222,13 +223,12 @@ async def tune(body: kopf.Body, uid: str, name: str, namespace: str | None, stop
     try:
         while not stopped:
             wake.clear()
-            if uid in state.sources_changed:
-                state.sources_changed.discard(uid)
-                loop.source_changed()
+            if uid in state.configmaps_changed:
+                state.configmaps_changed.discard(uid)
+                loop.configmaps_changed()
             try:
                 finished = await loop.step()
-                source = loop.spec.kernel.source if loop.spec is not None else None
-                state.track_source(uid, (namespace, source.config_map) if source is not None else None)
+                state.track_configmaps(uid, {(namespace, name) for name in loop.configmaps_read()})
                 failures = 0
             except Exception as exc:  # keep tuning after API hiccups; report and retry
                 failures += 1
@@ -244,7 +244,7 @@ async def tune(body: kopf.Body, uid: str, name: str, namespace: str | None, stop
     finally:
         state.wakers.pop(uid, None)
         state.runs_seen.pop(uid, None)
-        state.sources_changed.discard(uid)
-        state.track_source(uid, None)
+        state.configmaps_changed.discard(uid)
+        state.track_configmaps(uid, set())
         if state.run_uids.get(key) == uid:
             del state.run_uids[key]

@@ -28,8 +28,8 @@ from fleettune.status import PUBLISH_REFUSED, ranked
 PUBLISH_RECHECK_S = 60.0
 
 
-def entries(pools: Iterable[Pool], records: Sequence[TrialRecord]) -> list[PublishedEntry]:
-    """The best configuration of each pool that has one."""
+def entries(pools: Iterable[Pool], records: Sequence[TrialRecord], kernel: str) -> list[PublishedEntry]:
+    """The best configuration of each pool's current round, where it has one."""
     out = []
     for pool in pools:
         best = ranked(pool.records(records))
@@ -37,7 +37,7 @@ def entries(pools: Iterable[Pool], records: Sequence[TrialRecord]) -> list[Publi
             out.append(PublishedEntry(
                 pool=pool.spec.name, problem_size=pool.problem_size, config=best[0].config,
                 time_ms=best[0].objective, fingerprint=pool.tuned_for or GpuFingerprint(),
-                trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at,
+                trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at, kernel=kernel,
             ))
     return out
 
@@ -76,7 +76,17 @@ class Publisher:
         else:
             self.data, self.resource_version = cm.get("data") or {}, cm["metadata"]["resourceVersion"]
 
-    async def publish(self, target: PublishSpec | None, pools: set[str], best: list[PublishedEntry]) -> None:
+    def recheck(self) -> None:
+        """Read the ConfigMap again on the next publish (it changed, or was deleted)."""
+        self.read_at = None
+
+    @property
+    def refused_name(self) -> str | None:
+        """The ConfigMap this run may not publish into, while it may not."""
+        return self.target.config_map_name if self.target is not None and self.problem is not None else None
+
+    async def publish(self, target: PublishSpec | None, pools: set[str], best: list[PublishedEntry],
+                      kernel: str) -> None:
         self.target = target
         if target is None:
             self.problem = None
@@ -89,7 +99,7 @@ class Publisher:
                 await self._read(name)
             if self.problem is not None:
                 return
-            data = publish_plan(self.run, self.data, best, pools=pools)
+            data = publish_plan(self.run, self.data, best, pools=pools, kernel=kernel)
             if data is None:
                 self.error = None
                 return

@@ -30,6 +30,7 @@ from fleettune.controller.reporting import Report
 from fleettune.jobs import run_selector
 from fleettune.metrics import Metrics, TrialTimings
 from fleettune.names import bounded
+from fleettune.publish import kernel_identity
 from fleettune.results import Records, TrialRecord, job_finished
 from fleettune.store import ResultsStore
 
@@ -67,8 +68,20 @@ class RunLoop:
     def spec(self) -> TuningRunSpec | None:
         return self.planner.spec
 
-    def source_changed(self) -> None:
+    def configmaps_changed(self) -> None:
+        """A ConfigMap of `configmaps_read` changed: read them again on the next step."""
         self.planner.source_changed()
+        self.publisher.recheck()
+
+    def configmaps_read(self) -> set[str]:
+        """The ConfigMaps whose changes matter to the run: its kernel source, and a publish
+        target it was refused (freed or deleted, it is taken at once). Not a target it
+        publishes into: its own writes would wake it."""
+        source = self.spec.kernel.source if self.spec is not None else None
+        names = {source.config_map} if source is not None else set()
+        if (refused := self.publisher.refused_name) is not None:
+            names.add(refused)
+        return names
 
     def _previous_status(self) -> TuningRunStatus | None:
         # Our own last write is fresher than the watched body, which may lag behind it.
@@ -152,9 +165,9 @@ class RunLoop:
         spec = self.planner.spec
         assert spec is not None and plan.report is not None
         if plan.report.targets:  # publishing first: a refusal shows in the status written just after
-            await self.publisher.publish(spec.publish, {t.name for t in spec.targets},
-                                         entries(self.planner.pools.values(), Records([*self.store.records,
-                                                                                       *plan.early])))
+            kernel = kernel_identity(self.planner.space_hash or "", self.planner.source.digest)
+            best = entries(self.planner.pools.values(), Records([*self.store.records, *plan.early]), kernel)
+            await self.publisher.publish(spec.publish, {t.name for t in spec.targets}, best, kernel)
         await self._write_status(plan.report)
 
     async def _record_and_launch(self, plan: Plan) -> None:
