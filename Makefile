@@ -26,11 +26,15 @@ demo: install
 	$(VENV)/bin/fleettune demo
 
 # The static checks, quiet when clean: style (ruff), the layer contracts (import-linter,
-# [tool.importlinter] in pyproject.toml) and the types of the runtime package (mypy, [tool.mypy]).
+# [tool.importlinter] in pyproject.toml), the types of the runtime package (mypy, [tool.mypy]) and
+# the documentation site (mkdocs.yml: a broken link or anchor between its pages fails the build).
 lint: install
 	@$(VENV)/bin/ruff check --quiet .
 	@out=$$($(VENV)/bin/lint-imports --no-logo 2>&1) || { printf '%s\n' "$$out"; exit 1; }
 	@$(VENV)/bin/mypy --no-error-summary
+# (mkdocs without --quiet: --quiet drops the warnings before --strict counts them, so nothing fails.)
+	@out=$$(NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .cache/site 2>&1) || \
+		{ printf '%s\n' "$$out"; exit 1; }
 
 # Two workers: the integration tests (one control plane) in one, the unit tests beside them
 # (tests/conftest.py).
@@ -44,4 +48,4 @@ integration: install
 	$(PY) -m pytest tests/integration
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .grimp_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .grimp_cache .cache/site
