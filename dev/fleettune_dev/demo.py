@@ -49,7 +49,8 @@ def _table(run: dict[str, Any], elapsed: float) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col in ("pool", "device", "phase") else "right")
     for t in status.get("targets", []):
-        synthetic = (t.get("fingerprint") or {}).get("synthetic")
+        fp = t.get("fingerprint") or {}
+        synthetic = fp.get("synthetic")
         best = t.get("best") or {}
         table.add_row(
             escape(t["name"]),
@@ -59,7 +60,7 @@ def _table(run: dict[str, Any], elapsed: float) -> Table:
             str(t.get("running", 0)),
             str(t.get("invalid", 0)),
             str(t.get("infraFailed", 0)),
-            f"{best['objectiveMs']:.4g}" if best else "-",
+            escape(f"{best['objectiveMs']:.4g}" + (" [unverified]" if fp.get("unverified") else "")) if best else "-",
             f"{t['defaultMs']:.4g}" if t.get("defaultMs") else "-",
             f"{t['speedup']:.2f}x" if t.get("speedup") else "-",
         )
@@ -80,7 +81,9 @@ def _summary(console: Console, run: dict[str, Any]) -> None:
             " — replayed from recorded measurements" if fp.get("simulated") else ""
         )
         speed = f", {t['speedup']:.2f}x faster than the default ({t['defaultMs']:.4g} ms)" if t.get("speedup") else ""
-        rest = f" ({t.get('device')}): {best['objectiveMs']:.4g} ms{speed}{note}"
+        # The simulated fleet computes no outputs: nothing says this configuration is correct.
+        unchecked = " [unverified: outputs not checked]" if fp.get("unverified") else ""
+        rest = f" ({t.get('device')}): {best['objectiveMs']:.4g} ms{unchecked}{speed}{note}"
         console.print(f"  [bold]{escape(t['name'])}[/bold]{escape(rest)}", soft_wrap=True, highlight=False)
         say(f"      {json.dumps(best['config'], separators=(',', ':'))}")
 

@@ -5,15 +5,16 @@ pool of processes (never the CUDA worker, and never a process with a CUDA contex
 the device's real architecture, into one cubin per build. The CUDA worker then loads the
 cubin instead of compiling, and the GPU's critical path is verification and timing.
 
-The cubin is the module the worker would build itself: the same NVRTC, the same options
-(the configuration's defines plus what cupy's ``RawModule`` adds), the device's exact
-architecture. Compile-ahead is an optimisation, never a source of verdicts the GPU path
-would not give: a configuration is answered without the GPU only when its source does not
-compile (``compile_error``) or its compiled resources certainly exceed the device
-(``launch_error``, see :mod:`fleettune_job.resources`). Anything else that goes wrong here
-(no libnvrtc, an architecture this NVRTC does not know, a missing include, a crash, a
-compile slower than the configuration's timeout) only means no cubin: the worker compiles
-as it always has, under the watchdog.
+The cubin is the module the worker would build itself: the same NVRTC, the same code (the
+configuration's defines written into the source) and options (the CUDA headers, plus what
+cupy's ``RawModule`` adds), the device's exact architecture. Compile-ahead is an
+optimisation, never a source of verdicts the GPU path would not give: a configuration is
+answered without the GPU only when its source does not compile (``compile_error``) or its
+compiled resources certainly exceed the device (``launch_error``, see
+:mod:`fleettune_job.resources`). Anything else that goes wrong here (no libnvrtc, an
+architecture this NVRTC does not know, a missing include, a crash, a compile slower than
+the configuration's timeout) only means no cubin: the worker compiles as it always has,
+under the watchdog.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from importlib.util import find_spec
 from pathlib import Path
 
 from fleettune_job import nvrtc
@@ -41,9 +41,6 @@ COMPILE_WORKERS_ENV = "FLEETTUNE_COMPILE_WORKERS"
 MAX_COMPILE_WORKERS = 4
 # ptxas's report of registers and shared memory per kernel, in NVRTC's log.
 PTXAS_VERBOSE = "-Xptxas=-v"
-# NVRTC's answer to an include it cannot find: the worker, with cupy's include paths, is
-# the judge of that, not this compile.
-_INCLUDE_TROUBLE = ("cannot open source file", "could not open source file")
 
 
 def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> float | None:
@@ -112,13 +109,13 @@ class Build:
     """One compile: what the pool process needs (picklable)."""
 
     key: str
-    source: str
+    source: str  # the code: defines written in (Prepared.code)
     options: tuple[str, ...]
     function: str
 
     @classmethod
     def of(cls, build: Prepared | KernelBuild) -> Build:
-        return cls(build.key, build.source, build.options, build.function)
+        return cls(build.key, build.code, build.options, build.function)
 
 
 @dataclass(frozen=True)
@@ -135,30 +132,11 @@ class Artefact:
 Compiler = Callable[[Build, str, str], Artefact]
 
 
-def cupy_options(options: Iterable[str]) -> tuple[str, ...]:
-    """The options cupy's ``RawModule(code=...)`` adds to the configuration's own (cupy 14:
-    ``cupy/_core/core.pyx`` assemble_cupy_compiler_options, ``cupy/cuda/compiler.py``): its
-    headers, C++17, flush-to-zero (which changes the numbers a kernel computes), and
-    functions without an execution space compiled for the device."""
-    options = tuple(options)
-    extra: list[str] = []
-    spec = find_spec("cupy")  # locates the package without importing it (no CUDA here)
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        include = Path(root, "_core", "include")
-        cccl = include / "cupy" / "_cccl"
-        extra += [f"-I{d}" for d in (cccl / "cub", cccl / "thrust", cccl / "libcudacxx") if d.is_dir()]
-        if include.is_dir():
-            extra.append(f"-I{include}")
-    if not any("-std=" in o for o in options):
-        extra.append("--std=c++17")
-    return (*extra, "-ftz=true", "--device-as-default-execution-space")
-
-
 def compile_build(build: Build, compute_capability: str, out_dir: str) -> Artefact:
     """Compile ``build`` for the device into ``out_dir/<key>.cubin`` (runs in a pool process)."""
     started = time.monotonic()
     try:
-        options = [*build.options, *cupy_options(build.options), nvrtc.arch_option(compute_capability)]
+        options = [*nvrtc.job_options(build.options), nvrtc.arch_option(compute_capability)]
         compiled = nvrtc.compile_source(build.source, [*options, PTXAS_VERBOSE], cubin=True)
         if not compiled.ok:
             # Verbose ptxas output replaces ptxas's error lines in NVRTC's log (CUDA 12.9), and an
@@ -178,7 +156,8 @@ def compile_build(build: Build, compute_capability: str, out_dir: str) -> Artefa
             return Artefact(seconds=seconds, note=f"cannot write {path}: {exc}")
         return Artefact(path=str(path), seconds=seconds, resources=ptxas_resources(compiled.log, build.function))
     log = compiled.log
-    if compiled.source_error and not any(t in log for t in _INCLUDE_TROUBLE):
+    # An include NVRTC cannot find here: the worker, with cupy's include paths, is the judge.
+    if compiled.source_error and not compiled.missing_include:
         return Artefact(seconds=seconds, error=short(f"compile error: {compiler_summary(log)}"))
     return Artefact(seconds=seconds, note=f"not compiled ahead (NVRTC status {compiled.status}): {short(log, 200)}")
 

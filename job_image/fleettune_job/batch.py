@@ -1,6 +1,9 @@
-"""The batch supervisor: one Pod measures several configurations of one target.
+"""The batch supervisor: one Pod measures the configurations of one target (one or several).
 
-PID 1 never touches CUDA, as for one trial. It runs one persistent worker process
+PID 1 never touches CUDA: a hung kernel blocks its host thread inside the CUDA driver,
+where no Python-level timer can interrupt it, and a kernel fault leaves the CUDA context
+unusable, so the supervisor must always be able to kill the worker at a deadline and still
+write the verdict. It runs one persistent worker process
 (:mod:`fleettune_job.batch_worker`: one CUDA context, one interpreter) that measures the
 configurations in order, while the upcoming ones compile on the CPU
 (:mod:`fleettune_job.ahead`). After every answer it rewrites the termination log with the
@@ -9,7 +12,7 @@ answers so far (``BatchResult``, ``done`` false until the last) and prints the a
 ends, so what the Pod finished is kept whatever kills it.
 
 Each configuration keeps its own ``timeout_s``: a worker that hangs is killed, that
-configuration gets the single trial's verdict (``timeout``, or ``infra_error`` when it hung
+configuration gets the watchdog's verdict (``timeout``, or ``infra_error`` when it hung
 before its kernel existed or in the reference), and a fresh worker goes on with the rest;
 so does one after a crash, or after a fault that leaves the CUDA context unusable. A
 worker that cannot start (no GPU) ends the batch early: the unanswered configurations are

@@ -8,8 +8,9 @@ answers it on the pipe, one JSON document per line:
 * worker -> supervisor: ``{"hello": {"fingerprint": {...}, "limits": {...}}}`` or
   ``{"error": "no GPU: ..."}`` once; then ``{"index": 3, "result": "<TrialResult JSON>"}``.
 
-Like the single-trial worker, it keeps the progress file (phase, fingerprint) up to date,
-so that the supervisor can say where it hung. It ends at the end of stdin.
+It keeps a small progress file (phase, fingerprint) up to date, so that the supervisor,
+which has to kill it at a configuration's deadline, can still say where it hung and on
+which GPU. It ends at the end of stdin.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -28,7 +30,11 @@ from fleettune_job.classify import Phase, classify
 from fleettune_job.fingerprint import device_limits
 from fleettune_job.protocol import TRIAL_ENV, Batch, Fingerprint, Trial, TrialResult, infra_failure
 from fleettune_job.watchdog import write_progress
-from fleettune_job.worker import use_tmp_cupy_cache
+
+
+def use_tmp_cupy_cache() -> None:
+    # The image's root filesystem is read-only: cupy's kernel cache must live in /tmp.
+    os.environ.setdefault("CUPY_CACHE_DIR", os.path.join(tempfile.gettempdir(), "cupy-cache"))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -49,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = partial(write_progress, args.progress_file)
     with os.fdopen(args.answer_fd, "w") as out:
         try:
-            batch = Batch.model_validate_json(os.environ[TRIAL_ENV])
+            batch = Batch.from_env(os.environ[TRIAL_ENV])
         except (KeyError, ValueError) as exc:
             send(out, {"error": f"batch worker got no valid batch: {exc}"})
             return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fleettune_job import nvrtc
 from fleettune_job.arguments import ArraySpec, KernelArgument, resolve_arguments, scalar_values
 from fleettune_job.classify import GeometryError, InvalidConfiguration, TrialSpecError
 from fleettune_job.expressions import ExpressionError, Number, geometry
@@ -38,14 +39,20 @@ class _Launchable:
     block: tuple[int, int, int]
 
     @property
+    def code(self) -> str:
+        """What is compiled: the source with the defines written into it (:func:`nvrtc.program`)."""
+        return nvrtc.program(self.source, self.defines)
+
+    @property
     def options(self) -> tuple[str, ...]:
-        return _options(self.defines)
+        """The compile options of the job's own (cupy adds its :func:`nvrtc.cupy_options`)."""
+        return nvrtc.header_options()
 
     @property
     def key(self) -> str:
-        """Names the module this builds: the same source, options and function build the same
+        """Names the module this builds: the same code, options and function build the same
         module (the worker's module cache and the cubins compiled ahead go by it)."""
-        digest = hashlib.sha256(self.source.encode())
+        digest = hashlib.sha256(self.code.encode())
         for part in (*self.options, self.function):
             digest.update(b"\0" + part.encode())
         return digest.hexdigest()[:32]
@@ -61,7 +68,7 @@ class Prepared(_Launchable):
     source: str
     function: str
     config: dict[str, int]  # values the problem reads (filter sizes, use_cmem, ...)
-    defines: dict[str, str]  # NVRTC -D name=value
+    defines: dict[str, str]  # name -> rendered value, #defined in the code
     problem_size: tuple[int, ...]
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
@@ -75,7 +82,7 @@ class KernelBuild(_Launchable):
 
     source: str
     function: str
-    defines: dict[str, str]  # NVRTC -D name=value
+    defines: dict[str, str]  # name -> rendered value, #defined in the code
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     scalars: dict[str, np.generic]  # by-value arguments, by name
@@ -97,10 +104,6 @@ class PreparedUser:
     @property
     def outputs(self) -> tuple[ArraySpec, ...]:
         return tuple(a for a in self.arguments if isinstance(a, ArraySpec) and a.output)
-
-
-def _options(defines: Mapping[str, str]) -> tuple[str, ...]:
-    return tuple(f"-D{name}={value}" for name, value in sorted(defines.items()))
 
 
 def prepare(trial: Trial) -> Prepared | PreparedUser:
@@ -241,14 +244,21 @@ def _finish(
 
 def user_defines(config: Mapping[str, Any], problem_size: Sequence[int]) -> dict[str, str]:
     """A user kernel's compile-time defines: every parameter, and ``problem_size_<i>``. The
-    operator's up-front compile and the fleet simulator build with exactly these."""
+    operator's up-front compile and the fleet simulator build with exactly these. Raises
+    ValueError for a name or value that cannot be a define."""
+    for name in config:
+        problem = nvrtc.define_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"parameter name {problem}")
     defines = dict(config) | {f"problem_size_{i}": n for i, n in enumerate(problem_size)}
     return {name: define_value(name, value) for name, value in defines.items()}
 
 
-def user_options(config: Mapping[str, Any], problem_size: Sequence[int]) -> tuple[str, ...]:
-    """NVRTC options of :func:`user_defines` (raises ValueError for a value that cannot be a define)."""
-    return _options(user_defines(config, problem_size))
+def user_program(source: str, config: Mapping[str, Any], problem_size: Sequence[int]) -> tuple[str, tuple[str, ...]]:
+    """(code, options): what NVRTC compiles for a user kernel with this configuration, as the
+    job's worker compiles it (cupy's additions included; the architecture is the caller's).
+    Raises ValueError for a name or value that cannot be a define."""
+    return nvrtc.program(source, user_defines(config, problem_size)), nvrtc.job_options(nvrtc.header_options())
 
 
 def _prepare_user_kernel(trial: Trial) -> PreparedUser:

@@ -1,21 +1,22 @@
 """The one protocol between a trial Job and the operator.
 
-The operator hands a trial to its Job in the ``FLEETTUNE_TRIAL`` environment variable
-(a JSON :class:`Trial`). The job container writes one JSON :class:`TrialResult` of at
-most 4 KiB to ``/dev/termination-log`` and exits with the code of its outcome. The
-operator reads that message back from the Pod's container status: no sidecar, no
-network path from jobs to the operator. The fleet simulator speaks the same protocol,
-so swapping simulated nodes for real GPUs changes nothing in the operator.
+Every trial Job measures a *batch*: configurations of one target in one Pod (one CUDA
+context, one interpreter, one Pod start-up), a batch of one where a Pod measures a single
+configuration. The operator hands the batch to its Job in the ``FLEETTUNE_TRIAL``
+environment variable (a JSON :class:`Batch`). The job container writes one JSON
+:class:`BatchResult` of at most 4 KiB to ``/dev/termination-log`` — one compact answer per
+finished configuration — and rewrites it after every configuration, because the kubelet
+reads it however the container ends (exit, OOM kill, eviction, deadline): what a Pod
+finished before it died is kept. The operator reads that message back from the Pod's
+container status: no sidecar, no network path from jobs to the operator. The fleet
+simulator speaks the same protocol, so swapping simulated nodes for real GPUs changes
+nothing in the operator.
 
-A *batch* Job measures several configurations of one target in one Pod (one CUDA
-context, one interpreter, one Pod start-up): the same variable then holds a
-:class:`Batch`, and the termination log a :class:`BatchResult` — one compact answer per
-finished configuration. The job rewrites that file after every configuration, because
-the kubelet reads it however the container ends (exit, OOM kill, eviction, deadline):
-what a Pod finished before it died is kept. A batch container exits 0 once every
-configuration is answered (invalid ones included: their verdicts are in the message)
-and 20 when it stopped early; the operator re-suggests what was not answered and never
-records it as invalid.
+A batch container exits 0 once every configuration is answered (invalid ones included:
+their verdicts are in the message, so an invalid configuration costs no retry) and 20 when
+it stopped early; the operator re-suggests what was not answered and never records it as
+invalid. Each configuration is measured as a :class:`Trial` (``Batch.trial``) with its own
+:class:`TrialResult`, which the batch's worker process hands to its supervisor.
 """
 
 from __future__ import annotations
@@ -55,20 +56,10 @@ class Outcome(StrEnum):
         return self not in (Outcome.OK, Outcome.INFRA_ERROR)
 
 
-# Exit codes. The 10-19 band means "this configuration is invalid": the Job's
-# podFailurePolicy fails the Job at once (no retry). 20 means the infrastructure failed:
-# the Job retries within its backoffLimit and no observation is recorded.
-EXIT_CODES: dict[Outcome, int] = {
-    Outcome.OK: 0,
-    Outcome.COMPILE_ERROR: 10,
-    Outcome.LAUNCH_ERROR: 11,
-    Outcome.RUNTIME_ERROR: 12,
-    Outcome.CORRECTNESS_ERROR: 13,
-    Outcome.TIMEOUT: 14,
-    Outcome.INFRA_ERROR: 20,
-}
-INVALID_CONFIG_EXIT_CODES = sorted(c for o, c in EXIT_CODES.items() if o.is_invalid_configuration)
-OUTCOME_BY_EXIT_CODE = {c: o for o, c in EXIT_CODES.items()}
+# The batch container's exit codes: every configuration answered, or stopped early (an
+# infrastructure failure: what was not answered is measured again, never recorded as invalid).
+EXIT_ANSWERED: Final = 0
+EXIT_STOPPED_EARLY: Final = 20
 
 
 class _Strict(BaseModel):
@@ -140,6 +131,9 @@ class KernelRef(_Strict):
 
 
 class Trial(_Strict):
+    """One configuration as the job measures it: a :class:`Batch`'s common fields with one
+    entry's index and configuration (``Batch.trial``)."""
+
     version: int = PROTOCOL_VERSION
     run: str
     target: str
@@ -156,13 +150,6 @@ class Trial(_Strict):
     # pool's best time: a configuration that slow cannot become the best, and PRUNE_RUNS
     # launches place it for the optimiser (fleettune_job.timing.pruned_after).
     prune_above_ms: float | None = Field(default=None, gt=0)
-
-    def to_env(self) -> str:
-        return self.model_dump_json(exclude_none=True)
-
-    @classmethod
-    def from_env(cls, text: str) -> Trial:
-        return cls.model_validate_json(text)
 
 
 class Entry(_Strict):
@@ -208,13 +195,9 @@ class Batch(_Strict):
     def to_env(self) -> str:
         return self.model_dump_json(exclude_none=True)
 
-
-def parse_work(text: str) -> Trial | Batch:
-    """What a Job's ``FLEETTUNE_TRIAL`` holds: one trial, or a batch (it has ``entries``)."""
-    raw = json.loads(text)
-    if isinstance(raw, dict) and "entries" in raw:
-        return Batch.model_validate(raw)
-    return Trial.model_validate(raw)
+    @classmethod
+    def from_env(cls, text: str) -> Batch:
+        return cls.model_validate_json(text)
 
 
 class Fingerprint(_Strict):
@@ -228,6 +211,11 @@ class Fingerprint(_Strict):
     cuda_runtime_version: str = ""
     simulated: bool = False
     synthetic: bool = False  # simulated from a model, not from a recording
+    # The outputs were never compared with the reference: the fleet simulator cannot compute
+    # them (a recording counts as checked only when its tuner says it verified). A wrong
+    # configuration may then be the fastest. The job on a GPU always verifies (a pruned
+    # configuration is not, and says so in `pruned`).
+    unverified: bool = False
 
 
 class TrialResult(_Strict):
@@ -252,12 +240,8 @@ class TrialResult(_Strict):
         if self.outcome == Outcome.OK and self.objective is None:
             raise ValueError("an ok result needs an objective")
 
-    @property
-    def exit_code(self) -> int:
-        return EXIT_CODES[self.outcome]
-
     def encode(self) -> str:
-        """Compact JSON that always fits in a termination message (drops detail, never the verdict)."""
+        """Compact JSON of at most 4 KiB (drops detail, never the verdict)."""
         doc = self
         text = doc.model_dump_json(exclude_none=True)
         if len(text.encode()) > MAX_MESSAGE_BYTES:
@@ -335,7 +319,7 @@ class BatchResult(_Strict):
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[Outcome.OK] if self.done else EXIT_CODES[Outcome.INFRA_ERROR]
+        return EXIT_ANSWERED if self.done else EXIT_STOPPED_EARLY
 
     def encode(self) -> str:
         """Compact JSON of at most 4 KiB: repeat times go first, then error texts are cut
@@ -397,6 +381,7 @@ def _validated(model: type[_M], raw: dict[str, Any], what: str) -> _M:
 
 
 def decode(message: str | None) -> TrialResult:
+    """One configuration's result as the batch worker hands it to its supervisor."""
     return _validated(TrialResult, _document(message), "result")
 
 

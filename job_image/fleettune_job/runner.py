@@ -1,4 +1,4 @@
-"""Run one trial on the GPU: find the device, compile, launch, verify, time.
+"""Run one trial (a configuration of a batch) on the GPU: find the device, compile, launch, verify, time.
 
 Phases run in a fixed order and every exception is classified by the phase it escaped
 from (see :mod:`fleettune_job.classify`). cupy is imported here lazily, inside
@@ -57,7 +57,7 @@ DATA_MAX_BYTES = 256 << 20
 # verifies, whose kernels cupy compiles at first use (6 to 8 s for a built-in's on an H200
 # with an empty CUPY_CACHE_DIR, as every trial Pod has): those compile then on a problem of
 # at most WARM_SIZE per dimension, so that the time is the Pod's start-up, not the first
-# configuration's GPU time (`run_s`), which sizes the pool's next batches (docs/bench-job.md).
+# configuration's GPU time (`run_s`), which sizes the pool's next batches (docs/decisions.md).
 # By verification: problem type, or a user kernel's output dtypes.
 WARM_SIZE = 64
 _WARMED: set[tuple[str, ...]] = set()
@@ -100,7 +100,7 @@ def compile_kernel(cupy: Any, prepared: Prepared | KernelBuild) -> tuple[Any, An
         origin = "cubin"
     else:
         origin = "nvrtc"
-        module = cupy.RawModule(code=prepared.source, options=prepared.options)
+        module = cupy.RawModule(code=prepared.code, options=prepared.options)
         loaded = module, module.get_function(prepared.function)
     _MODULES[key] = loaded
     return loaded[0], loaded[1], origin
@@ -372,12 +372,10 @@ def _execute_user(cupy: Any, trial: Trial, user: PreparedUser, state: _State,
                      tuple(sorted((name, repr(value)) for name, value in reference.scalars.items())))
 
     def mismatch_in(expected: dict[str, Any]) -> str | None:
-        for out in user.outputs:
-            mismatch = verification.mismatch(cupy, first[out.name], expected[out.name], user.atol, user.rtol,
-                                             nan_is_unwritten=False)
-            if mismatch:
-                return f"wrong result in {out.name}: {mismatch}"
-        return None
+        return verification.outputs_mismatch(
+            first, expected, [out.name for out in user.outputs], user.atol, user.rtol,
+            check=lambda got, exp, atol, rtol: verification.mismatch(cupy, got, exp, atol, rtol,
+                                                                     nan_is_unwritten=False))
 
     def fresh_reference() -> dict[str, Any]:
         enter(Phase.REFERENCE)

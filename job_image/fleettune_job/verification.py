@@ -4,7 +4,7 @@ The array code (:func:`fleettune_job.kernels.base.compare`, a problem's ``refere
 runs on cupy's elementwise and reduction kernels, which cupy compiles at run time, with
 its own headers, into an on-disk cache. A trial Pod's cache is an empty ``emptyDir``, so
 every Pod compiled them again: 6 to 8 s of its GPU time on an H200, more than half of a
-48-configuration batch Pod's (docs/bench-job.md). These kernels are plain CUDA with no
+48-configuration batch Pod's (docs/benchmarks.md). These kernels are plain CUDA with no
 headers; a worker compiles them once, in a fraction of a second, in its set-up phase.
 
 Each function falls back to the array code where the kernels do not apply (an output
@@ -83,6 +83,30 @@ def mismatch(cupy: Any, got: Any, expected: Any, atol: float, rtol: float = 0.0,
     exp_v = float(cupy.asnumpy(expected.ravel()[first:first + 1])[0])
     return describe_mismatch(tuple(got.shape), n_bad, first, got_v, exp_v, atol, rtol,
                              nans if nan_is_unwritten else 0)
+
+
+# An element check: (got, expected, atol, rtol) -> a diagnosis, or None when they agree.
+ElementCheck = Callable[[Any, Any, float, float], str | None]
+
+
+def array_check(got: Any, expected: Any, atol: float, rtol: float) -> str | None:
+    """:func:`compare` on host (numpy) arrays, as for a user kernel's outputs: their initial
+    data is the user's, so a NaN is not taken for an element never written."""
+    return compare(np, got, expected, atol, rtol, nan_is_unwritten=False)
+
+
+def outputs_mismatch(got: Mapping[str, Any], expected: Mapping[str, Any], outputs: Sequence[str], atol: float,
+                     rtol: float, check: ElementCheck = array_check) -> str | None:
+    """A user kernel's verdict on one configuration: ``wrong result in <output>: ...`` for
+    the first of ``outputs`` (argument order) with an element off the reference
+    configuration's by more than ``atol + rtol * |expected|``; None when every output
+    agrees. ``check`` compares one output (on a GPU: :func:`mismatch`, verify.cu's count,
+    which agrees with :func:`array_check`)."""
+    for name in outputs:
+        text = check(got[name], expected[name], atol, rtol)
+        if text:
+            return f"wrong result in {name}: {text}"
+    return None
 
 
 def reference(cupy: Any, problem: Problem, inputs: Mapping[str, Any], problem_size: Sequence[int]) -> Any:

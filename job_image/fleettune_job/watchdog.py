@@ -1,5 +1,5 @@
-"""What the supervisors of a trial and of a batch share: the verdicts on a worker that hung,
-died or was interrupted, the progress file it keeps, and the signals that end a Pod.
+"""The batch supervisor's watchdog: the verdicts on a worker that hung or died, the
+progress file it keeps, and the signals that end a Pod.
 
 A worker keeps a small progress file (phase and device fingerprint) up to date, so that a
 supervisor that has to kill it can still say where it hung and on which GPU. A hang
@@ -123,12 +123,6 @@ def death_result(returncode: int, phase: Phase | None, fingerprint: Fingerprint)
     """The verdict on a worker that ended without a result: the node's problem."""
     return TrialResult(outcome=Outcome.INFRA_ERROR, fingerprint=fingerprint,
                        error=short(f"worker {how_it_ended(returncode)}{_where(phase)} without a result"))
-
-
-def terminated_result(exc: Terminated, phase: Phase | None, fingerprint: Fingerprint) -> TrialResult:
-    # Eviction, node drain or the Job's own deadline: never the configuration's fault.
-    return TrialResult(outcome=Outcome.INFRA_ERROR, fingerprint=fingerprint,
-                       error=f"terminated by {exc}{_where(phase, 'while in')}")
 
 
 def how_it_ended(returncode: int) -> str:

@@ -24,7 +24,7 @@ the Helm chart sets from ``trialPolicy`` values), never the run's:
 * ``FLEETTUNE_TRIAL_SERVICE_ACCOUNT``: the ServiceAccount of trial Pods (default: none set,
   the namespace's ``default``); its token is never mounted;
 * ``FLEETTUNE_DEFAULT_QUEUE``: the Kueue LocalQueue of trial Jobs whose run names none
-  (``spec.queue``); unset: such Jobs go to no queue (docs/kueue.md);
+  (``spec.queue``); unset: such Jobs go to no queue (docs/operations/multikueue.md);
 * ``FLEETTUNE_ALLOWED_SERVICE_ACCOUNTS``: comma-separated ServiceAccount names (or globs;
   ``*``: any) a run may name in ``spec.jobTemplate.serviceAccountName``, since a
   ServiceAccount can carry privileges (an SCC, a PSA exemption, cloud IAM). Unset: only

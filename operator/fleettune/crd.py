@@ -32,6 +32,8 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Trials", "type": "string", "jsonPath": ".status.progress", "description": "recorded / budget"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    # Why (not) Ready: a Succeeded run whose ConfigMap was refused shows False and PublishRefused.
+    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
     {"name": "Best", "type": "string", "jsonPath": ".status.bestSummary", "description": "best time per pool"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -11,7 +11,8 @@ describes. The results come from the run's results store, so a finished run, a r
 one and one whose operator is gone export alike. One round of the pool is exported (the
 latest unless ``--round``): rounds are tuned for different drivers, and a cache holds one
 time per configuration. Infrastructure failures are left out (they say nothing about a
-configuration); invalid configurations are written as each format marks them.
+configuration); invalid configurations are written as each format marks them. A pool with
+no result to write is an error: nothing is written and the command exits 1.
 
 Everything but `main` is pure and works on plain objects.
 """
@@ -137,6 +138,8 @@ def export_records(spec: TuningRunSpec, records: Sequence[TrialRecord], pool: Po
             if fmt == "t4" and t4_invalidity != failure:
                 extras["t4_invalidity"] = t4_invalidity  # T4 tells correctness errors and timeouts apart
             out.append(Record(config=config, time_ms=None, failure=failure, extras=extras))
+    if not out:
+        raise ExportError(_nothing_to_export(export, records, bool(rounds)))
     if device_name is None:
         device_name = next((r.fingerprint.product for r, _ in reversed(latest.values())
                             if r.fingerprint is not None and r.fingerprint.product), None)
@@ -147,6 +150,19 @@ def export_records(spec: TuningRunSpec, records: Sequence[TrialRecord], pool: Po
         problem_size=list(pool.size), objective="time", metadata=dict(metadata or {}),
     )
     return export
+
+
+def _nothing_to_export(export: Export, records: Sequence[TrialRecord], any_round: bool) -> str:
+    """Why a pool has no result to write (a file of none would read as a space never measured)."""
+    key = export.pool.key
+    left = [f"{n} {what}" for n, what in ((export.infra_failures, "infrastructure failures"),
+                                          (export.outside_space, "configurations outside the run's parameters"))
+            if n]
+    others = sorted({r.target for r in records if r.target != key and r.is_observation})
+    return (f"pool {key} has no results to export {f'in round {export.round}' if any_round else 'yet'}"
+            + (f" (left out {', '.join(left)})" if left else "")
+            + (f"; pools with results: {', '.join(others)} (--target, --size)" if others else "")
+            + "; nothing written")
 
 
 def write(export: Export, fmt: str, path: str | os.PathLike[str]) -> None:

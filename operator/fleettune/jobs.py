@@ -1,7 +1,8 @@
-"""Render the Kubernetes Job of one trial, or of a batch of trials (pure: no API calls).
+"""Render the Kubernetes Job of a batch of trials (pure: no API calls).
 
-One Job per (run, target pool, first trial index); a batch Job's trials have the
-consecutive indexes from there. The name is deterministic, so an operator that restarts
+Every trial Job measures a batch — a batch of one where a Pod measures one configuration.
+One Job per (run, target pool, first trial index); its trials have the consecutive
+indexes from there. The name is deterministic, so an operator that restarts
 finds — adopts — the Jobs it created instead of duplicating them. The Job carries its
 work in an environment variable and is owned by its TuningRun, so deleting the run
 garbage-collects its Jobs and their Pods.
@@ -21,7 +22,6 @@ from fleettune.admission import TrialPolicy, default_job_image
 from fleettune.api import QueueSpec, TargetSpec, TuningRunSpec
 from fleettune.labels import (
     BATCH_LABEL,
-    CONFIG_ANNOTATION,
     CONFIG_KEYS_ANNOTATION,
     MANAGED_BY,
     MANAGER,
@@ -33,15 +33,7 @@ from fleettune.labels import (
 )
 from fleettune.metrics import parse_time
 from fleettune.names import label_value
-from fleettune_job.protocol import (
-    CONTAINER_NAME,
-    INVALID_CONFIG_EXIT_CODES,
-    TERMINATION_LOG,
-    TRIAL_ENV,
-    Batch,
-    Trial,
-    parse_work,
-)
+from fleettune_job.protocol import CONTAINER_NAME, TERMINATION_LOG, TRIAL_ENV, Batch
 
 # The job's own watchdog ends a trial at its timeout with a `timeout` verdict; the Job's
 # deadline is only a backstop, so it also allows for image pulls and start-up.
@@ -122,17 +114,17 @@ def prune_above_ms(factor: float, best_ms: float | None) -> float | None:
     return max(factor, 1.0) * best_ms if factor > 0 and best_ms is not None and best_ms > 0 else None
 
 
-def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, config: dict[str, Any],
+def make_batch(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, configs: Sequence[dict[str, Any]],
                key: str | None = None, problem_size: Sequence[int] | None = None,
-               source_digest: str | None = None, best_ms: float | None = None) -> Trial:
+               source_digest: str | None = None, best_ms: float | None = None) -> Batch:
+    """The work of a Job measuring ``configs`` as trials ``index``, ``index + 1``, ..."""
     kernel = spec.kernel
-    return Trial.model_validate(
+    return Batch.model_validate(
         {
             "run": run,
             "target": key or target.name,
-            "index": index,
             "kernel": kernel_ref(spec, source_digest),
-            "config": config,
+            "entries": [{"index": index + n, "config": c} for n, c in enumerate(configs)],
             "problem_size": list(problem_size or kernel.sizes()[0]),
             "warmups": kernel.warmups,
             "repeats": kernel.repeats,
@@ -140,15 +132,6 @@ def make_trial(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, co
             "prune_above_ms": prune_above_ms(kernel.prune_slower_than, best_ms),
         }
     )
-
-
-def make_batch(run: str, spec: TuningRunSpec, target: TargetSpec, index: int, configs: Sequence[dict[str, Any]],
-               key: str | None = None, problem_size: Sequence[int] | None = None,
-               source_digest: str | None = None, best_ms: float | None = None) -> Batch:
-    one = make_trial(run, spec, target, index, configs[0], key, problem_size, source_digest, best_ms)
-    common = one.model_dump(exclude={"index", "config"})
-    entries = [{"index": index + n, "config": c} for n, c in enumerate(configs)]
-    return Batch.model_validate(common | {"entries": entries})
 
 
 def queue_of(spec: TuningRunSpec, target: TargetSpec, policy: TrialPolicy) -> QueueSpec | None:
@@ -227,38 +210,44 @@ def render_job(
     spec: TuningRunSpec,
     target: TargetSpec,
     index: int,
-    config: dict[str, Any],
-    config_key: str,
+    configs: Sequence[tuple[dict[str, Any], str]],
     pin: dict[str, str] | None = None,
     node_expressions: list[dict[str, Any]] | None = None,
     key: str | None = None,
     problem_size: Sequence[int] | None = None,
     source_digest: str | None = None,
     policy: TrialPolicy | None = None,
-    batch: Sequence[tuple[dict[str, Any], str]] = (),
     best_ms: float | None = None,
 ) -> dict[str, Any]:
-    """The Job of one trial. `pin` adds node-selector labels (the driver the pool's round is
-    tuned for); `node_expressions` keep the Pod off ineligible nodes (mid driver upgrade,
-    shared GPUs); `key` and `problem_size` name one of several tuned problem sizes
-    (see `fleettune.sizes.pool_key`); `policy`: the operator's trial policy (default: read
-    from its environment).
+    """The Job of a batch: one Pod measures `configs` (configuration, key) in order, as the
+    trials `index`, `index + 1`, ... (a batch of one: one configuration). `pin` adds
+    node-selector labels (the driver the pool's round is tuned for); `node_expressions`
+    keep the Pod off ineligible nodes (mid driver upgrade, shared GPUs); `key` and
+    `problem_size` name one of several tuned problem sizes (see `fleettune.sizes.pool_key`);
+    `policy`: the operator's trial policy (default: read from its environment).
 
     `best_ms`: the target's best time so far, which sets where timing is pruned
-    (`prune_above_ms`); None for the kernel's default configuration, the baseline of the
-    speed-up, which is always timed in full.
+    (`prune_above_ms`); None for a batch with the kernel's default configuration, the
+    baseline of the speed-up, which is always timed in full.
 
-    With `batch` (further configurations and their keys), one Pod measures `config` and
-    then each of them, with the following indexes. A batch Job is never retried by the Job
-    controller (backoffLimit 0): a retry would measure its finished configurations again;
-    the operator re-suggests the ones its Pod did not answer instead.
+    The Pod answers every configuration in its termination message, an invalid one
+    included: that verdict ends nothing and costs no retry. The Job controller never
+    retries a Pod that ended (backoffLimit 0): a retry would measure its finished
+    configurations again; the operator measures the ones its Pod did not answer again
+    instead. A Pod disrupted (preempted, evicted, drained for a driver upgrade, its node
+    lost: the `DisruptionTarget` condition) says nothing about its configurations: the
+    pod failure policy ignores it and the Job starts another Pod, whose answers stand in
+    for those the first never wrote (the first answer of an entry is kept).
 
     With a queue (`queue_of`), the Job is created suspended, labelled for Kueue, which
     admits it (un-suspends it) when the queue's quota allows: a Job is never started behind
     the queue's back, even where no Kueue webhook suspends it."""
+    if not configs:
+        raise ValueError("a trial Job needs at least one configuration")
     key = key or target.name
     policy = policy or TrialPolicy.from_env()
-    labels = {MANAGED_BY: MANAGER, RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index)}
+    labels = {MANAGED_BY: MANAGER, RUN_LABEL: run_label(run), TARGET_LABEL: key, TRIAL_LABEL: str(index),
+              BATCH_LABEL: "true"}
     queue = queue_of(spec, target, policy)
     job_labels = dict(labels)
     if queue is not None:
@@ -266,38 +255,18 @@ def render_job(
         if queue.priority_class:
             job_labels[QUEUE_PRIORITY_LABEL] = queue.priority_class
     timeout = spec.budget.trial_timeout_seconds
-    job_spec: dict[str, Any]
-    if batch:
-        configs = [config, *(c for c, _ in batch)]
-        work = make_batch(run, spec, target, index, configs, key, problem_size, source_digest, best_ms).to_env()
-        annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([config_key, *(k for _, k in batch)])}
-        labels[BATCH_LABEL] = job_labels[BATCH_LABEL] = "true"
+    work = make_batch(run, spec, target, index, [c for c, _ in configs], key, problem_size, source_digest,
+                      best_ms).to_env()
+    annotations = {CONFIG_KEYS_ANNOTATION: json.dumps([k for _, k in configs])}
+    job_spec = {
+        "backoffLimit": 0,
         # Each configuration has its own timeout in the Pod; one more covers a fresh worker's
         # start after a configuration that broke its CUDA context.
-        job_spec = {"backoffLimit": 0, "activeDeadlineSeconds": (len(configs) + 1) * timeout + STARTUP_ALLOWANCE_S}
-    else:
-        work = make_trial(run, spec, target, index, config, key, problem_size, source_digest, best_ms).to_env()
-        annotations = {CONFIG_ANNOTATION: config_key}
-        job_spec = {
-            "backoffLimit": spec.job_template.backoff_limit,
-            "activeDeadlineSeconds": timeout + STARTUP_ALLOWANCE_S,
-            "podFailurePolicy": {
-                "rules": [
-                    # An invalid configuration fails the same way on every retry: stop at once.
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": CONTAINER_NAME,
-                            "operator": "In",
-                            "values": INVALID_CONFIG_EXIT_CODES,
-                        },
-                    },
-                    # Preemption, eviction and drains (driver upgrades) say nothing about the
-                    # configuration: retry without spending the backoff budget.
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                ]
-            },
-        }
+        "activeDeadlineSeconds": (len(configs) + 1) * timeout + STARTUP_ALLOWANCE_S,
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+    }
     pod_security, container_security = _security(target, policy)
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
@@ -380,20 +349,35 @@ def render_job(
     }
 
 
-def work_of(job: dict[str, Any]) -> Trial | Batch:
+def work_of(job: dict[str, Any]) -> Batch:
     """What a rendered Job measures, read back from its environment."""
     env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
     return _parsed_work(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
 
 
+def _parse_work(text: str) -> Batch:
+    raw = json.loads(text)
+    if isinstance(raw, dict) and "entries" not in raw:
+        # A one-configuration Job of an earlier version (`from_earlier_version`): its trial,
+        # as the batch of one it is now, so that its configuration can be handed back.
+        common = {k: v for k, v in raw.items() if k not in ("index", "config")}
+        raw = common | {"entries": [{"index": raw.get("index"), "config": raw.get("config")}]}
+    return Batch.model_validate(raw)
+
+
 # Every step reads the work of each of its run's Jobs, and a Job's work never changes: parse
 # each once (the models are frozen). Bounded by about the Jobs a busy operator holds.
-_parsed_work = functools.lru_cache(maxsize=8192)(parse_work)
+_parsed_work = functools.lru_cache(maxsize=8192)(_parse_work)
 
 
 def entries_of(job: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """(index, configuration) of each trial a Job measures."""
-    work = work_of(job)
-    if isinstance(work, Batch):
-        return [(e.index, e.config) for e in work.entries]
-    return [(work.index, work.config)]
+    return [(e.index, e.config) for e in work_of(job).entries]
+
+
+def from_earlier_version(job: dict[str, Any]) -> bool:
+    """Whether a trial Job is a one-configuration Job of an operator before every Job was a
+    batch (no `BATCH_LABEL`): its protocol is no longer read. Still running after an
+    upgrade, or ended and not recorded, it is deleted and its configuration measured again
+    in a batch (`controller.plan.collect`)."""
+    return ((job.get("metadata") or {}).get("labels") or {}).get(BATCH_LABEL) != "true"

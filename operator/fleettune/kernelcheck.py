@@ -12,6 +12,7 @@ defines the kernel. Each problem names the field (``spec.kernel.source.arguments
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -41,6 +42,7 @@ def check_kernel(spec: TuningRunSpec) -> None:
         return
     source = kernel.source
     assert source is not None
+    check_defines(spec)
     config = _numeric(kernel.default_config or {})
     for size in kernel.sizes():
         where = f" for problem size {list(size)}" if len(kernel.sizes()) > 1 else ""
@@ -67,6 +69,38 @@ def check_kernel(spec: TuningRunSpec) -> None:
                     evaluate(arg.value, config, size)
                 except ExpressionError as exc:
                     raise KernelSpecError(f"{field}.value: {exc}{where}") from None
+
+
+def check_defines(spec: TuningRunSpec) -> None:
+    """Every parameter of CUDA source becomes a ``#define``: a name or value that cannot be one
+    would fail every trial, so it fails the run now, naming the field."""
+    from fleettune_job import nvrtc
+    from fleettune_job.kernels.base import define_value
+
+    for i, param in enumerate(spec.parameters):
+        field = f"spec.parameters[{i}]"
+        problem = nvrtc.define_name_problem(param.name)
+        if problem is not None:
+            raise KernelSpecError(f"{field}.name: {problem}; rename the parameter")
+        if param.type == "permutation":
+            raise KernelSpecError(f"{field}.type: a permutation cannot be a #define of CUDA source (parameter "
+                                  f"{param.name!r}); use one ordinal parameter per position")
+        for j, value in enumerate(param.values or []):
+            try:
+                define_value(param.name, value)
+            except ValueError as exc:
+                raise KernelSpecError(f"{field}.values[{j}]: {exc} (a #define value is a number, true/false "
+                                      "or a C identifier)") from None
+    for name, value in (spec.kernel.default_config or {}).items():
+        field = f"spec.kernel.defaultConfig.{name}"
+        problem = nvrtc.define_name_problem(name)
+        if problem is not None:
+            raise KernelSpecError(f"{field}: {problem}")
+        try:
+            define_value(name, value)
+        except ValueError as exc:
+            raise KernelSpecError(f"{field}: {exc} (a #define value is a number, true/false or a C identifier)") \
+                from None
 
 
 def check_source_data(spec: TuningRunSpec, data: Mapping[str, str] | None) -> str:
@@ -97,22 +131,37 @@ def compile_check(spec: TuningRunSpec, source_text: str, compute_capability: str
     assert source is not None
     if not nvrtc.available():
         return None
-    from fleettune_job.prepare import user_options
+    from fleettune_job.prepare import user_program
 
+    config = spec.kernel.default_config or {}
     try:
-        options = user_options(spec.kernel.default_config or {}, problem_size)
+        code, options = user_program(source_text, config, problem_size)
     except ValueError as exc:
         return f"spec.kernel.defaultConfig: {exc}"
     cc = compute_capability or FALLBACK_CC
-    problem = _cached_check(source_text, options, source.function, cc)
+    problem = _cached_check(code, options, source.function, cc)
     if problem is None and source.verification.reference_function:
-        problem = _cached_check(source_text, options, source.verification.reference_function, cc)
+        problem = _cached_check(code, options, source.verification.reference_function, cc)
         if problem is not None:
             return f"spec.kernel.source.verification.referenceFunction: {problem}"
     if problem is None:
         return None
     arch = f"sm_{cc.replace('.', '')}" + ("" if compute_capability else " (the pool's GPU is unknown)")
-    return f"spec.kernel.source: with kernel.defaultConfig, for {arch}: {problem}"
+    hint = member_hint(problem, source_text, config)
+    return f"spec.kernel.source: with kernel.defaultConfig, for {arch}: {problem}{hint}"
+
+
+def member_hint(problem: str, source_text: str, config: Mapping[str, Any]) -> str:
+    """What a compile error means when it stems from a parameter's ``#define`` replacing a member
+    name (a parameter ``x`` turns ``threadIdx.x`` into ``threadIdx.32``), else ''."""
+    if "expected a member name" not in problem:
+        return ""
+    used = [name for name in config if re.search(rf"(?:\.|->)\s*{re.escape(name)}\b", source_text)]
+    if not used:
+        return ""
+    name = used[0]
+    return (f" (parameter {name!r} is a #define: it replaces every {name} of the source, the member name in "
+            f"'.{name}' too; rename the parameter)")
 
 
 @lru_cache(maxsize=64)

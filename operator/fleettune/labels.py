@@ -16,9 +16,10 @@ RUN_LABEL = f"{GROUP}/run"  # the run's name as a label value (`names.label_valu
 TARGET_LABEL = f"{GROUP}/target"  # the pool key: a target's name, or name.<size>
 TRIAL_LABEL = f"{GROUP}/trial"  # the trial index within the pool, over all rounds
 ROUND_LABEL = f"{GROUP}/round"  # the pool's tuning round the trial belongs to
-CONFIG_ANNOTATION = f"{GROUP}/config"  # the configuration, JSON, for kubectl readers
-CONFIG_KEYS_ANNOTATION = f"{GROUP}/config-keys"  # a batch Job's configurations, JSON list, in entry order
-BATCH_LABEL = f"{GROUP}/batch"  # "true" on a batch Job and its Pod: any end of the Pod is final (no retry)
+CONFIG_KEYS_ANNOTATION = f"{GROUP}/config-keys"  # a trial Job's configuration keys, JSON list, in entry order
+# "true" on every trial Job (a batch) and its Pod: any end of the Pod but a disruption is
+# final (no retry). Missing: a one-configuration Job of an earlier version (`jobs.from_earlier_version`).
+BATCH_LABEL = f"{GROUP}/batch"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # set by the Job controller on its Pods
 # Kueue's, on a trial Job of a run that names a queue (spec.queue): its LocalQueue, and the
 # WorkloadPriorityClass that orders it in the queue and decides what it may preempt.

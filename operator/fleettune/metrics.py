@@ -264,7 +264,8 @@ class Metrics:
             best = (t.get("best") or {}).get("objectiveMs")
             self.pool_progress(
                 namespace, run, name, used=int(t.get("completed", 0)), budget=int(t.get("budget", 0)),
-                in_flight=int(t.get("podsRunning", 0)), parallelism=parallelism, best_ms=best, speedup=t.get("speedup"),
+                in_flight=int(t.get("podsRunning", 0)) + int(t.get("podsPending", 0)), parallelism=parallelism,
+                best_ms=best, speedup=t.get("speedup"),
             )
             self.set_pool_phase(namespace, run, name, str(t.get("phase") or "Pending"))
             self._child(self.queued, namespace, run, name).set(int(t.get("queued", 0)))

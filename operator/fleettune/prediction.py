@@ -20,6 +20,8 @@ Model, from the results of the tuned sizes of one pool:
 
 An exactly tuned size returns its measured best. With a single tuned size nothing can be
 learnt about how the landscape moves: its best is returned, its time scaled by volume.
+The basis names every factor between the nearest tuned size's best time and the
+predicted one (`time_factors`): their product is the prediction.
 """
 
 from __future__ import annotations
@@ -161,17 +163,35 @@ def recommend(space: Any, records_by_size: Records, size: Sequence[int], *, seed
         cfg = space.to_configs(data.rows[nearest][best_idx[nearest]].reshape(1, -1))[0]
         return Recommendation(
             cfg, math.exp(scale),
-            f"only one tuned size ({size_key(nearest)}): its best configuration, time scaled by problem volume",
+            f"only one tuned size: its best configuration; "
+            f"{time_factors(best_ms[nearest], nearest, size, intercept, slope, 0.0)}",
         )
-    return _gp_recommend(space, data, size, scale, slope, nearest, seed)
+    return _gp_recommend(space, data, size, (intercept, slope), best_ms[nearest], nearest, seed)
+
+
+def time_factors(best_ms: float, nearest: ProblemSize, size: ProblemSize, intercept: float, slope: float,
+                 slow_down: float) -> str:
+    """Every factor between the nearest tuned size's best time and the predicted one, in
+    words: the volume's, the fitted scale's offset from that best (the line through all the
+    tuned sizes' bests need not pass through this one), and the configuration's predicted
+    log slow-down ``slow_down`` (clamped at 0, as the prediction is). Their product is the
+    predicted time: ``exp(intercept + slope·log volume(size) + max(0, slow_down))``."""
+    volume = math.exp(_log_volume(size) - _log_volume(nearest))
+    by_volume = volume**slope
+    offset = math.exp(intercept + slope * _log_volume(nearest)) / best_ms
+    slower = math.exp(max(0.0, slow_down))
+    total = by_volume * offset * slower
+    return (f"{best_ms:.4g} ms at {size_key(nearest)} (nearest tuned) × {by_volume:.3g} "
+            f"(volume {volume:.3g}×, time ∝ volume^{slope:.2f}) × {offset:.3g} (fit over tuned sizes) "
+            f"× {slower:.3g} (config's predicted slow-down) = {best_ms * total:.4g} ms ({total:.3g}×)")
 
 
 def _size_features(size: ProblemSize, lo: np.ndarray, span: np.ndarray) -> np.ndarray:
     return (np.log2(np.asarray(size, dtype=np.float64)) - lo) / span
 
 
-def _gp_recommend(space: Any, data: _Data, size: ProblemSize, scale: float, slope: float, nearest: ProblemSize,
-                  seed: int) -> Recommendation:
+def _gp_recommend(space: Any, data: _Data, size: ProblemSize, fit: tuple[float, float], nearest_ms: float,
+                  nearest: ProblemSize, seed: int) -> Recommendation:
     import torch
 
     from fleettune.optimize.features import model_features
@@ -207,9 +227,12 @@ def _gp_recommend(space: Any, data: _Data, size: ProblemSize, scale: float, slop
     cfg = space.to_configs(cand[j].reshape(1, -1))[0]
     measured_at = [s for s in sizes if (data.rows[s] == cand[j]).all(axis=1).any()]
     where = ", ".join(size_key(s) for s in measured_at) or "no tuned size (predicted only)"
-    basis = (f"GP over {len(r)} results at {len(sizes)} tuned sizes ({', '.join(size_key(s) for s in sizes)}), "
-             f"nearest {size_key(nearest)} ({_distance(nearest, size):.2g} octaves); time ∝ volume^{slope:.2f}; "
-             f"recommended configuration measured at {where}")
+    intercept, slope = fit
+    # The factors first: a status shortens a long basis from its end.
+    basis = (f"{time_factors(nearest_ms, nearest, size, intercept, slope, float(mean[j]))}; "
+             f"GP over {len(r)} results at {len(sizes)} tuned sizes ({', '.join(size_key(s) for s in sizes)}), "
+             f"nearest {_distance(nearest, size):.2g} octaves away; config measured at {where}")
+    scale = intercept + slope * _log_volume(size)
     return Recommendation(cfg, float(math.exp(scale + max(0.0, float(mean[j])))), basis)
 
 

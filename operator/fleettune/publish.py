@@ -11,6 +11,8 @@ Data keys:
 * flat keys an application (or an env-from / volume mount) can read without a JSON
   parser: ``<pool>.<size>.<param>`` = value, ``<pool>.<size>.time_ms``,
   ``<pool>.<size>.fingerprint``, ``<pool>.<size>.generation``, ``<pool>.<size>.kernel``,
+  ``<pool>.<size>.verified`` (``false`` when the outputs were never checked: the fleet
+  simulator's results; absent when they were),
   and ``<pool>.sizes`` listing the tuned sizes, with ``<size>`` = ``2048x2048``.
 
 Everything is sorted and free of timestamps of its own, so writing an unchanged result
@@ -67,6 +69,9 @@ class PublishedEntry(BaseModel):
     round: int = Field(default=1, validation_alias=AliasChoices("round", "generation"))
     measured_at: str = ""  # ISO-8601 time the trial was recorded: orders fingerprints
     kernel: str = ""  # the kernel's identity (`kernel_identity`); "" in entries of earlier versions
+    # False: the configuration's outputs were never checked (the fleet simulator cannot compute
+    # them); written as "verified": false, and absent when checked.
+    verified: bool = True
 
     @property
     def slot(self) -> tuple[str, ProblemSize]:
@@ -88,6 +93,8 @@ class PublishedEntry(BaseModel):
             out["measuredAt"] = self.measured_at
         if self.kernel:
             out["kernel"] = self.kernel
+        if not self.verified:
+            out["verified"] = False
         return out
 
     @classmethod
@@ -102,6 +109,7 @@ class PublishedEntry(BaseModel):
             round=int(data.get("generation", 1)),
             measured_at=str(data.get("measuredAt", "")),
             kernel=str(data.get("kernel", "")),
+            verified=data.get("verified", True) is not False,
         )
 
 
@@ -138,6 +146,8 @@ def flat_keys(entries: Iterable[PublishedEntry]) -> dict[str, str]:
         out[safe_key(f"{prefix}.generation")] = str(e.round)
         if e.kernel:
             out[safe_key(f"{prefix}.kernel")] = e.kernel
+        if not e.verified:
+            out[safe_key(f"{prefix}.verified")] = "false"
         sizes.setdefault(e.pool, []).append(e.problem_size)
     for pool, tuned in sizes.items():
         out[safe_key(f"{pool}.sizes")] = ",".join(size_key(s) for s in sorted(tuned))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleettune.results import TrialRecord
-from fleettune.status import ranked
+from fleettune.status import outputs_unverified, ranked
 from fleettune_job.protocol import Outcome
 
 TOP = 5
@@ -46,6 +46,7 @@ class PoolReport:
     pods: int = 0  # trial Pods (Jobs) the records came from: fewer than trials when batched
     gpu_s: float = 0.0  # GPU seconds the configurations took (verification and timing)
     pruned: int = 0  # configurations timed no further (nor verified) than it took to see they are slow
+    unverified: bool = False  # the best's outputs were never compared with the reference (the fleet simulator)
 
     @property
     def synthetic(self) -> bool:
@@ -109,12 +110,21 @@ def pool_reports(status: dict[str, Any], records: Sequence[TrialRecord]) -> list
             pods=len({r.job for r in recs if r.job}),
             gpu_s=sum(r.run_s or 0.0 for r in recs),
             pruned=sum(bool(r.pruned) for r in recs),
+            unverified=bool((st.get("fingerprint") or {}).get("unverified")) or outputs_unverified(recs),
         ))
     return out
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.4g} ms"
+
+
+UNVERIFIED_FOOTNOTE = ("unverified: the outputs were never compared with the reference configuration's (the "
+                       "fleet simulator cannot compute them): a wrong configuration may be the best")
+
+
+def _best(pool: PoolReport) -> str:
+    return _ms(pool.best_ms) + (" (unverified)" if pool.unverified and pool.best_ms is not None else "")
 
 
 def _config(config: dict[str, Any]) -> str:
@@ -145,7 +155,7 @@ def print_table(run: dict[str, Any], pools: Sequence[PoolReport], file: Any = No
         table.add_row(
             p.name, p.phase, _device(p), str(p.valid), str(p.pruned), str(p.invalid), str(p.infra_failed),
             str(p.budget), str(p.pods),
-            _ms(p.best_ms), _ms(p.default_ms), "-" if p.speedup is None else f"{p.speedup:.2f}x",
+            _best(p), _ms(p.default_ms), "-" if p.speedup is None else f"{p.speedup:.2f}x",
             _config(p.best[0].config) if p.best else "-",
         )
     console.print(table)
@@ -154,6 +164,8 @@ def print_table(run: dict[str, Any], pools: Sequence[PoolReport], file: Any = No
             console.print(f"{p.name}: {p.message}")
     if any(p.synthetic for p in pools):
         console.print("(synthetic: answered from a model of the GPU, not from recorded measurements)")
+    if any(p.unverified for p in pools):
+        console.print(f"({UNVERIFIED_FOOTNOTE})")
 
 
 def figure_png(pools: Sequence[PoolReport], records: Sequence[TrialRecord], title: str = "") -> bytes:
@@ -207,7 +219,7 @@ def render_html(run: dict[str, Any], pools: Sequence[PoolReport], png: bytes) ->
     rows = "".join(
         f"<tr><td>{esc(p.name)}</td><td>{esc(p.phase)}</td><td>{esc(_device(p))}</td>"
         f"<td>{p.valid}</td><td>{p.invalid}</td><td>{p.infra_failed}</td><td>{p.budget}</td>"
-        f"<td>{esc(_ms(p.best_ms))}</td><td>{esc(_ms(p.default_ms))}</td>"
+        f"<td>{esc(_best(p))}</td><td>{esc(_ms(p.default_ms))}</td>"
         f"<td>{'-' if p.speedup is None else f'{p.speedup:.2f}x'}</td></tr>"
         for p in pools
     )
@@ -223,6 +235,7 @@ def render_html(run: dict[str, Any], pools: Sequence[PoolReport], png: bytes) ->
         sections.append(
             f"<h2>{esc(p.name)}</h2><p>Measured on: {esc(fp or p.device or 'unknown')}<br>"
             f"Invalid configurations: {esc(invalid)}"
+            + ("<br><b>Outputs not verified</b>: " + esc(UNVERIFIED_FOOTNOTE) if p.unverified else "")
             + (f"<br>{esc(p.message)}" if p.message else "")
             + "</p><table><tr><th>#</th><th>time</th><th>trial</th><th>configuration</th></tr>"
             + (best or "<tr><td colspan=4>no valid result yet</td></tr>")
@@ -236,6 +249,8 @@ def render_html(run: dict[str, Any], pools: Sequence[PoolReport], png: bytes) ->
     note = ""
     if any(p.synthetic for p in pools):
         note = "<p><em>Pools marked synthetic were answered from a model of the GPU, not from measurements.</em></p>"
+    if any(p.unverified for p in pools):
+        note += f"<p><em>Best times marked {esc(UNVERIFIED_FOOTNOTE)}.</em></p>"
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}}table{{border-collapse:collapse;margin:.5em 0}}
@@ -279,7 +294,7 @@ def summary(pools: Sequence[PoolReport]) -> list[dict[str, Any]]:
     return [
         {"pool": p.name, "phase": p.phase, "device": _device(p), "valid": p.valid, "invalid": p.invalid,
          "infraFailed": p.infra_failed, "budget": p.budget, "pods": p.pods, "gpuSeconds": round(p.gpu_s, 3),
-         "pruned": p.pruned,
+         "pruned": p.pruned, "verified": not p.unverified,
          "bestMs": p.best_ms, "defaultMs": p.default_ms,
          "speedup": p.speedup, "best": [{"config": r.config, "ms": r.objective, "trial": r.index} for r in p.best]}
         for p in pools

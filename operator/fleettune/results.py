@@ -1,11 +1,11 @@
 """Turn a finished trial Job (and its Pods) into its records (pure: works on dicts).
 
-The verdict comes from the trial container's termination message and exit code. How a
-Job ended decides what the record means: an invalid configuration (compile, launch,
-runtime, correctness, timeout) is a *feasibility observation* the optimiser learns
-from; an infrastructure failure (no GPU, lost Pod, garbled message, never started) is
-not an observation of the configuration at all — it is counted, and the configuration
-may be tried again.
+Every trial Job is a batch (`fleettune.jobs`): the verdicts come from its Pods'
+termination messages, one answer per configuration. What an answer says decides what the
+record means: an invalid configuration (compile, launch, runtime, correctness, timeout) is
+a *feasibility observation* the optimiser learns from; an infrastructure failure (no GPU,
+lost Pod, garbled message, never started) is not an observation of the configuration at
+all — it is counted, and the configuration may be tried again.
 """
 
 from __future__ import annotations
@@ -17,18 +17,15 @@ from typing import Any, overload
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from fleettune.labels import BATCH_LABEL, CONFIG_ANNOTATION, CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
+from fleettune.labels import CONFIG_KEYS_ANNOTATION, TARGET_LABEL
 from fleettune_job.protocol import (
     CONTAINER_NAME,
-    INVALID_CONFIG_EXIT_CODES,
-    OUTCOME_BY_EXIT_CODE,
     Answer,
     Batch,
     Fingerprint,
     Outcome,
     ProtocolError,
     TrialResult,
-    decode,
     decode_batch,
     infra_failure,
 )
@@ -116,85 +113,29 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def disrupted(pod: dict[str, Any]) -> bool:
+    """Whether a Pod was disrupted (preempted, evicted, drained, its node lost): its Job's pod
+    failure policy ignores that end and starts another Pod (`jobs.render_job`)."""
+    return _condition(pod, "DisruptionTarget") is not None
+
+
 def decisive_end(pod: dict[str, Any]) -> bool:
     """Whether a trial Pod's end already decides its Job's verdict, before the Job controller
     says so (it batches Pod updates for a second and takes two syncs to mark a Job Complete).
 
-    Exit 0 completes the Job (one completion); an invalid-configuration exit code fails it
-    (the podFailurePolicy's FailJob rule, evaluated before the Ignore rule). Any other end may
-    be retried by the Job, so only the Job's own condition settles it; except a batch Pod's
-    (`BATCH_LABEL`): its Job is never retried, so any end is final, and the answers it wrote
-    must be read even when the Pod is deleted next (evicted, preempted). The Pod must also be
-    in a terminal phase: the scheduler frees its GPU only then.
+    A trial Job is never retried (backoffLimit 0), so any end is final, and the answers the
+    Pod wrote must be read even when the Pod is deleted next; but a disrupted Pod's
+    (`disrupted`): its Job starts another. The Pod must also be in a terminal phase: the
+    scheduler frees its GPU only then.
     """
-    term = _terminated(pod)
-    if term is None or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+    if _terminated(pod) is None or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
         return False
-    if ((pod.get("metadata") or {}).get("labels") or {}).get(BATCH_LABEL) == "true":
-        return True
-    code = term.get("exitCode")
-    return code == 0 or code in INVALID_CONFIG_EXIT_CODES
-
-
-def _started(pod: dict[str, Any]) -> bool:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        state = status.get("state") or {}
-        if status.get("name") == CONTAINER_NAME and (state.get("running") or state.get("terminated")):
-            return True
-    return False
+    return not disrupted(pod)
 
 
 def _last_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    def finished_at(pod: dict[str, Any]) -> str:
-        term = _terminated(pod) or {}
-        return term.get("finishedAt") or pod["metadata"].get("creationTimestamp") or ""
-
     ended = [p for p in pods if _terminated(p) is not None]
-    return max(ended, key=finished_at) if ended else None
-
-
-def _result_from_pod(pod: dict[str, Any]) -> TrialResult:
-    term = _terminated(pod) or {}
-    code = term.get("exitCode")
-    try:
-        result = decode(term.get("message"))
-    except ProtocolError as exc:
-        return infra_failure(f"{exc} (exit code {code}, reason {term.get('reason')})")
-    # A verdict whose exit code disagrees with it cannot be trusted either way.
-    if code is not None and OUTCOME_BY_EXIT_CODE.get(code) != result.outcome:
-        return infra_failure(f"exit code {code} contradicts outcome {result.outcome.value}: {result.error}")
-    return result
-
-
-def result_of_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> TrialResult:
-    """The verdict of a finished Job (call only when `job_finished(job)`, or with a Pod whose
-    `decisive_end` settles it: with no Failed condition, the verdict is that Pod's)."""
-    failed = _condition(job, "Failed")
-    last = _last_pod(pods)
-    if failed is not None and failed.get("reason") == "DeadlineExceeded":
-        # The deadline also runs while a Pod waits for a node: only a trial that really
-        # ran out of time says something about its configuration.
-        if any(_started(p) for p in pods):
-            detail = failed.get("message", "")
-            return TrialResult(outcome=Outcome.TIMEOUT, error=f"trial exceeded its deadline: {detail}")
-        return infra_failure("trial never started before its deadline (no node of the pool could run it)")
-    if last is None:
-        reason = failed.get("reason") if failed else "Complete"
-        return infra_failure(f"job ended ({reason}) but no trial pod is left to read its result from")
-    result = _result_from_pod(last)
-    if failed is not None and result.outcome == Outcome.OK:
-        return infra_failure(f"job failed ({failed.get('reason')}) although its last pod reported ok")
-    return result
-
-
-def record_from_job(
-    job: dict[str, Any], pods: list[dict[str, Any]], config: dict[str, Any], pool_round: int,
-    problem_size: list[int] | None = None,
-) -> TrialRecord:
-    meta = job["metadata"]
-    key = meta.get("annotations", {}).get(CONFIG_ANNOTATION, "")
-    return _record(job, int(meta["labels"][TRIAL_LABEL]), config, key, result_of_job(job, pods), _last_pod(pods),
-                   pool_round, problem_size)
+    return max(ended, key=_finished_at) if ended else None
 
 
 def _record(job: dict[str, Any], index: int, config: dict[str, Any], key: str, result: TrialResult,
@@ -225,12 +166,12 @@ def _finished_at(pod: dict[str, Any]) -> str:
     return term.get("finishedAt") or pod["metadata"].get("creationTimestamp") or ""
 
 
-def records_from_batch_job(
+def records_from_job(
     job: dict[str, Any], pods: list[dict[str, Any]], batch: Batch, pool_round: int,
     problem_size: list[int] | None = None, answered_only: bool = False,
     streamed: Mapping[int, Answer] | None = None,
 ) -> list[TrialRecord]:
-    """One record per entry of a finished batch Job (or one whose Pod's end decides it).
+    """One record per entry of a finished trial Job (or one whose Pod's end decides it).
 
     Answers are read from every Pod that ended, oldest first: a Pod that died mid-batch
     still wrote the answers it finished, and the first answer of an entry wins (a second
@@ -240,7 +181,9 @@ def records_from_batch_job(
     status was written). An entry nobody answered is an infrastructure failure — not
     measured, so never counted as an invalid configuration — and the optimiser may suggest
     it again; with `answered_only` (a preempted batch: waiting, not failing) it has no
-    record at all."""
+    record at all. Its error says why, in the Pods' words; in the Job's only where no Pod
+    said anything, so that a record taken from a decisive Pod's end reads as one taken
+    later from the failed Job."""
     keys = _config_keys(job, len(batch.entries))
     by_index = {e.index: e for e in batch.entries}
     answered: dict[int, tuple[TrialResult, dict[str, Any] | None]] = {}
@@ -262,7 +205,7 @@ def records_from_batch_job(
         if index in by_index and index not in answered:
             answered[index] = (answer.result(Fingerprint()), last)
     failed = _condition(job, "Failed")
-    if failed is not None:
+    if failed is not None and not why:
         why.append(f"job failed ({failed.get('reason')}: {failed.get('message', '')})")
     if not pods:
         why.append("no trial pod is left to read results from")
@@ -279,7 +222,7 @@ def records_from_batch_job(
 
 def early_records(job: dict[str, Any], batch: Batch, answers: Mapping[int, Answer], pool_round: int,
                   problem_size: list[int] | None = None) -> list[TrialRecord]:
-    """The records of a running batch Job's entries already answered in its Pod's log:
+    """The records of a running trial Job's entries already answered in its Pod's log:
     provisional (the study learns from them, the status and the published best show them)
     until the Pod's termination message brings the same answers to the store."""
     keys = _config_keys(job, len(batch.entries))

@@ -3,9 +3,10 @@
 Whatever the number of trials, the status holds counters, the best and top-k
 configurations per pool, the fingerprint measured on, and conditions with
 `observedGeneration` that kstatus/Flux/Argo CD understand: `Ready` (True once
-Succeeded), and kstatus's abnormal-true pair, `Reconciling` (True while Pending or
-Running: kstatus says InProgress) and `Stalled` (True once Failed: kstatus says Failed);
-with neither True and `observedGeneration` current, kstatus says Current.
+Succeeded, unless the run publishes and its ConfigMap could not be written), and
+kstatus's abnormal-true pair, `Reconciling` (True while Pending or Running: kstatus says
+InProgress) and `Stalled` (True once Failed, or finished with its publication refused:
+kstatus says Failed); with neither True and `observedGeneration` current, kstatus says Current.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ OBJECT_MAX_BYTES = 1_500_000
 STATUS_MAX_BYTES = 256 * 1024
 STATUS_MIN_BYTES = 8 * 1024
 PUBLISH_REFUSED = "PublishRefused"  # the Published condition's reason when the ConfigMap is not the run's
+PUBLISH_FAILED = "PublishFailed"  # ... when writing it failed (retried)
 CONFIG_VALUE_MAX = 256  # characters of a string parameter value shown in a shrunken status
+# Said after a pool's best wherever it is reported when its outputs were never checked.
+UNVERIFIED_NOTE = "[unverified: outputs not checked]"
 
 
 def _target_phase(phase: str) -> TargetPhase:
@@ -58,7 +62,7 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def counts(records: Sequence[TrialRecord], running: int, queued: int = 0) -> TrialCounts:
+def counts(records: Sequence[TrialRecord], running: int, queued: int = 0, pending: int = 0) -> TrialCounts:
     valid = sum(r.outcome == Outcome.OK for r in records)
     infra = sum(r.outcome == Outcome.INFRA_ERROR for r in records)
     return TrialCounts(
@@ -68,6 +72,7 @@ def counts(records: Sequence[TrialRecord], running: int, queued: int = 0) -> Tri
         infra_failed=infra,
         running=running,
         queued=queued,
+        pending=pending,
     )
 
 
@@ -80,6 +85,29 @@ def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
             seen.add(rec.key)
             out.append(rec)
     return out
+
+
+def outputs_unverified(records: Sequence[TrialRecord]) -> bool:
+    """Whether the best result's outputs went unchecked (the fleet simulator cannot compute
+    them): then nothing says the fastest configuration is a correct one. Without a valid
+    result, what the latest trial reported."""
+    best = ranked(records)
+    source = best[0] if best else next((r for r in reversed(records) if r.fingerprint is not None), None)
+    return source is not None and source.fingerprint is not None and source.fingerprint.unverified
+
+
+def is_unverified(target: TargetStatus) -> bool:
+    """Whether a pool's status reports a best whose outputs were not checked."""
+    return target.best is not None and target.fingerprint is not None and target.fingerprint.unverified
+
+
+def said(target: TargetStatus) -> str:
+    """A pool's message for events and conditions, with `UNVERIFIED_NOTE` after an unchecked best."""
+    if not is_unverified(target):
+        return target.message
+    assert target.best is not None
+    best = f"best {target.best.objective_ms:.4g} ms {UNVERIFIED_NOTE}"
+    return f"{target.message}; {best}" if target.message else best
 
 
 def target_status(
@@ -102,10 +130,13 @@ def target_status(
     queued: int = 0,
     pods_queued: int = 0,
     queued_since: str | None = None,
+    pending: int = 0,
+    pods_pending: int = 0,
 ) -> TargetStatus:
     """`running`: trials being measured; `pods_running`: the Pods measuring them (default:
     one trial per Pod); `queued`, `pods_queued`: the trials and Jobs waiting for their queue,
-    the longest since `queued_since`."""
+    the longest since `queued_since`; `pending`, `pods_pending`: those created (and admitted)
+    whose Pods have not started (no node or GPU free yet)."""
     best = ranked(records)
     top = [
         ConfigResult(config=r.config, objective_ms=round(r.objective or 0.0, 6), trial=r.index)
@@ -119,7 +150,8 @@ def target_status(
     default = next((r for r in best if default_key is not None and r.key == default_key), None)
     fp_source = next((r.fingerprint for r in reversed(records) if r.fingerprint is not None), None)
     fingerprint = (
-        Fingerprint(**{k: v for k, v in fp_source.model_dump().items() if k in Fingerprint.model_fields})
+        Fingerprint(**{k: v for k, v in fp_source.model_dump().items() if k in Fingerprint.model_fields}
+                    | {"unverified": outputs_unverified(records)})
         if fp_source
         else None
     )
@@ -145,14 +177,17 @@ def target_status(
         pods_running=running if pods_running is None else pods_running,
         trials_per_pod=trials_per_pod,
         pods_queued=pods_queued,
+        pods_pending=pods_pending,
         queued_since=queued_since,
-        **counts(records, running, queued).model_dump(),
+        **counts(records, running, queued, pending).model_dump(),
     )
 
 
 def _summary(targets: Sequence[TargetStatus]) -> str:
     parts = [f"{t.name}={t.best.objective_ms:.3g}ms" for t in targets if t.best is not None]
-    return bounded(" ".join(parts), 200)
+    # The mark first: a long summary is cut at its end.
+    mark = ["(unverified)"] if any(is_unverified(t) for t in targets) else []
+    return bounded(" ".join(mark + parts), 200)
 
 
 def set_condition(
@@ -196,15 +231,28 @@ def run_status(
     terminal = phase in ("Succeeded", "Failed")
     degraded = phase == "Failed" or any(t.phase in ("Failed", "Unschedulable") for t in targets)
     refused = published is not None and published[1] == PUBLISH_REFUSED
-    conditions = set_condition(conditions, "Ready", phase == "Succeeded", reason, message, generation)
+    # The ConfigMap is the run's declared output, what applications mount: a run that tuned
+    # but could not write it is not Ready (`kubectl wait --for=condition=Ready` must not pass).
+    undelivered = (phase == "Succeeded" and published is not None and not published[0]
+                   and published[1] in (PUBLISH_REFUSED, PUBLISH_FAILED))
+    if undelivered:
+        assert published is not None
+        conditions = set_condition(conditions, "Ready", False, published[1], published[2], generation)
+    else:
+        conditions = set_condition(conditions, "Ready", phase == "Succeeded", reason, message, generation)
     # kstatus (Flux, kpt, cli-utils) reads these two: InProgress while Reconciling, Failed when Stalled.
     conditions = set_condition(
         conditions, "Reconciling", not terminal, reason if not terminal else "Finished", message, generation
     )
     failed = phase == "Failed"
-    conditions = set_condition(
-        conditions, "Stalled", failed, reason if failed else "AsExpected", message if failed else "", generation
-    )
+    if terminal and refused:
+        # Only a person can free the name (or choose another): kstatus (Flux's `wait`) says Failed, not Current.
+        assert published is not None
+        conditions = set_condition(conditions, "Stalled", True, published[1], published[2], generation)
+    else:
+        conditions = set_condition(
+            conditions, "Stalled", failed, reason if failed else "AsExpected", message if failed else "", generation
+        )
     conditions = set_condition(
         conditions, "Progressing", not terminal, reason if not terminal else "Finished", message, generation
     )
@@ -276,7 +324,7 @@ def fit_status(status: dict[str, Any], budget: int) -> dict[str, Any]:
 
     def strip_targets() -> None:
         keep = {"name", "target", "problemSize", "phase", "budget", "round", "completed", "valid", "invalid",
-                "infraFailed", "running", "queued"}
+                "infraFailed", "running", "queued", "pending"}
         for i, t in enumerate(targets):
             targets[i] = {k: v for k, v in t.items() if k in keep} | {"message": bounded(t.get("message", ""), 200)}
 

@@ -109,6 +109,9 @@ class ResultsStore:
         self._shards: list[_Shard] = []
         self._ids: set[RecordId] = set()
         self._foreign: set[str] = set()  # shard names another object holds: never written
+        # Shards that were deleted by someone else since the store last read or wrote them:
+        # (name, the records it held), for the run to announce (`take_lost`).
+        self.lost: list[tuple[str, list[TrialRecord]]] = []
 
     @property
     def records(self) -> list[TrialRecord]:
@@ -130,15 +133,30 @@ class ResultsStore:
             self.namespace, label_selector=f"{RESULTS_OF_LABEL}={label_value(self.run)}"
         ).items
         shards = []
+        known = {s.name: s for s in self._shards}
         for cm in sorted(items, key=lambda c: _shard_order(_listed_name(c))):
             meta = cm.metadata
             if meta is None or not meta.name or not owned_by(cm, self.uid):
                 continue
+            old = known.get(meta.name)
+            if old is not None and old.resource_version is not None and old.resource_version == meta.resource_version:
+                shards.append(old)  # unchanged since read or written: not decoded again
+                continue
             data = (cm.binary_data or {}).get(DATA_KEY)
             shards.append(_Shard(meta.name, meta.resource_version, decode_shard(data) if data else []))
+        # A shard this store read or wrote that is gone was deleted by hand: its records
+        # are lost, and the run's counts must say so rather than show what it held.
+        listed = {s.name for s in shards}
+        self.lost += [(s.name, s.records) for s in self._shards
+                      if s.resource_version is not None and s.name not in listed and s.records]
         self._shards = shards
         self._ids = {record_id(r) for r in self.records}
         return self.records
+
+    def take_lost(self) -> list[tuple[str, list[TrialRecord]]]:
+        """The shards found deleted since the last call: (name, the records lost with it)."""
+        lost, self.lost = self.lost, []
+        return lost
 
     def _free_name(self) -> str:
         taken = {s.name for s in self._shards} | self._foreign

@@ -1,20 +1,21 @@
 """Compile, verify and time every built-in kernel on a real GPU; check the failures too.
 
-Failures that poison the CUDA context (illegal address, hung kernel) run through the
-entrypoint's worker process, as they do in a Job, so that the tests after them keep a
-healthy context.
+Failures that poison the CUDA context (illegal address, hung kernel) run as a Pod runs
+them: a batch of one, its worker in a process of its own under the batch supervisor's
+watchdog, so that the tests after them keep a healthy context.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleettune_job.entrypoint import supervise
-from fleettune_job.protocol import KernelRef, Outcome, Trial
+from fleettune_job.batch import run_batch
+from fleettune_job.protocol import Batch, KernelRef, Outcome, Trial, TrialResult
 from fleettune_job.runner import run_trial
 
 pytestmark = pytest.mark.gpu
@@ -147,17 +148,23 @@ def test_user_source_that_does_not_compile(tmp_path: Path) -> None:
     assert result.outcome == Outcome.COMPILE_ERROR and "error" in result.error
 
 
-def _supervised(t: Trial) -> Any:
+def in_a_pod(t: Trial, extra_env: dict[str, str] | None = None) -> TrialResult:
+    """``t`` as a Pod measures it: a batch of one, in a worker process under the watchdog."""
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(JOB_IMAGE), os.environ.get("PYTHONPATH", "")) if p)}
-    return supervise(t, extra_env=env)
+    one = Batch.model_validate(t.model_dump(exclude={"index", "config"})
+                               | {"entries": [{"index": t.index, "config": t.config}]})
+    with tempfile.TemporaryDirectory(prefix="gpu-test-") as tmp:
+        result = run_batch(one, Path(tmp) / "termination-log", extra_env=env | (extra_env or {}))
+    assert result.done, result.error
+    (answer,) = result.answers
+    return answer.result(result.fingerprint)
 
 
 def test_illegal_address_is_a_runtime_error(tmp_path: Path) -> None:
     body = "out[(long long)threadIdx.x * 4000000000LL + 4000000000LL] = 1.0f;"
     t = trial("scan", {}, [512, 64]).model_copy(update={"kernel": _user_scan(tmp_path, body)})
-    result = _supervised(t)
+    result = in_a_pod(t)
     assert result.outcome == Outcome.RUNTIME_ERROR, result.error
-    assert result.exit_code == 12
 
 
 def test_a_hung_kernel_times_out(tmp_path: Path) -> None:
@@ -165,9 +172,9 @@ def test_a_hung_kernel_times_out(tmp_path: Path) -> None:
     # stays; NVRTC 13 removed `volatile int spin = 1; while (spin) {}` (found on an H200).
     body = "while (clock64() >= 0) { }"
     t = trial("scan", {}, [512, 64], timeout_s=15).model_copy(update={"kernel": _user_scan(tmp_path, body)})
-    result = _supervised(t)
+    result = in_a_pod(t)
     assert result.outcome == Outcome.TIMEOUT, result.error
-    assert result.exit_code == 14 and "phase run" in result.error
+    assert "phase run" in result.error
 
 
 
@@ -175,10 +182,8 @@ def test_the_first_configuration_is_not_charged_for_cupys_own_compiles(tmp_path:
     """With an empty cupy kernel cache, as in every trial Pod, cupy compiles the kernels of
     the reference and the comparison before the first launch: 6 to 8 s on an H200, which
     used to land in the first configuration's GPU time (`run_s`) and keep a pool's first
-    batches small (docs/bench-job.md)."""
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(JOB_IMAGE), os.environ.get("PYTHONPATH", "")) if p),
-           "CUPY_CACHE_DIR": str(tmp_path / "empty-cupy-cache")}
-    result = supervise(trial("convolution", {}, [1024, 1024]), extra_env=env)
+    batches small (docs/decisions.md)."""
+    result = in_a_pod(trial("convolution", {}, [1024, 1024]), {"CUPY_CACHE_DIR": str(tmp_path / "empty-cupy-cache")})
     assert result.outcome == Outcome.OK, result.error
     assert result.run_s is not None and result.run_s < 1.0, result.run_s
 
@@ -191,9 +196,7 @@ def test_verification_compiles_none_of_cupys_array_kernels(tmp_path: Path, name:
     (verify.cu), so cupy compiles two modules, the trial's kernel and verify.cu, not the
     dozen elementwise and reduction kernels of the array code (6 to 8 s on an H200)."""
     cache = tmp_path / "empty-cupy-cache"
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(JOB_IMAGE), os.environ.get("PYTHONPATH", "")) if p),
-           "CUPY_CACHE_DIR": str(cache)}
-    result = supervise(trial(name, {}, problem_size), extra_env=env)
+    result = in_a_pod(trial(name, {}, problem_size), {"CUPY_CACHE_DIR": str(cache)})
     assert result.outcome == Outcome.OK, result.error
     compiled = sorted(p.name for p in cache.rglob("*") if p.is_file())
     assert len(compiled) <= 2, compiled

@@ -8,7 +8,7 @@
 * ``simulator`` (function): a running :class:`FleetSimulator` answering trial Pods.
 * ``api_client`` (session): a kubernetes ``ApiClient`` for the cluster.
 * ``kueue`` (module): the real Kueue manager (built from the Go module proxy like the
-  control plane) running against the cluster, with its webhooks (docs/kueue.md).
+  control plane) running against the cluster, with its webhooks (docs/operations/multikueue.md).
 * ``crd`` (module): the TuningRun CRD installed; ``operator`` (function): the real
   operator in a subprocess watching the test's namespace, authenticated as the Helm
   chart's ServiceAccount with the chart's RBAC (tests may SIGKILL and restart it).

@@ -5,8 +5,9 @@ fault tests need Pods that answer *badly* (garbled termination messages), Pods t
 long enough to be evicted, and nodes that vanish under a running Pod without the Pod ever
 reporting. :class:`PodCompleter` does what a kubelet would for the trial Pods of one
 namespace, following a per-trial policy; tests that use it do not start the simulator, so
-nobody else answers their Pods. A policy gets what the Pod carries, a `Trial` or a `Batch`;
-`ok_batch_reply` and `bad_batch_message` answer batches well or badly.
+nobody else answers their Pods. Every trial Pod measures a batch; a policy gets a batch of
+one as its one `Trial` (the faults of one configuration are written that way), a larger one
+as the `Batch`; `ok_reply`, `ok_batch_reply` and `bad_batch_message` answer them, well or badly.
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ from fleettune_job.protocol import (
     Fingerprint,
     Outcome,
     Trial,
-    TrialResult,
-    parse_work,
 )
 
 MANAGED = "app.kubernetes.io/managed-by=fleettune"
@@ -68,10 +67,15 @@ def ok_time(config: dict[str, Any]) -> float:
 
 
 def ok_reply(trial: Trial, delay_s: float = 0.2) -> Reply:
-    """A valid `ok` result whose time is a stable function of the configuration."""
+    """A Pod of one configuration that answers it `ok`, with a time that is a stable function
+    of the configuration."""
     ms = ok_time(trial.config)
-    result = TrialResult(outcome=Outcome.OK, objective=ms, times=[ms] * 3, fingerprint=FINGERPRINT)
-    return Reply(result.encode(), 0, delay_s)
+    return Reply(batch_message([Answer(i=trial.index, o=Outcome.OK, t=ms, ts=[ms] * 3)], done=True), 0, delay_s)
+
+
+def stopped_reply(error: str, delay_s: float = 0.2) -> Reply:
+    """A Pod that stopped before its first configuration (an infrastructure failure: exit 20)."""
+    return Reply(batch_message([], done=False, error=error), 20, delay_s)
 
 
 def ok_answers(batch: Batch, answered: int | None = None) -> list[Answer]:
@@ -119,8 +123,9 @@ def bad_batch_message(batch: Batch, kind: BadBatch) -> str:
     return batch_message([*answers, Answer(i=answers[0].i, o=Outcome.COMPILE_ERROR, e="duplicate")], done=True)
 
 
-# A policy sees the Pod's work (a Trial or a Batch) and its Pod; None leaves the Pod
-# running (a trial that never ends). Any: policies written for trials alone stay valid.
+# A policy sees the Pod's work (a batch of one as its Trial, else the Batch) and its Pod;
+# None leaves the Pod running (a trial that never ends). Any: policies written for trials
+# alone stay valid.
 Policy = Callable[[Any, dict[str, Any]], Reply | None]
 
 
@@ -139,14 +144,16 @@ def _now() -> str:
 
 def _work(pod: dict[str, Any]) -> Trial | Batch:
     container = next(c for c in pod["spec"]["containers"] if c["name"] == CONTAINER_NAME)
-    return parse_work(next(e["value"] for e in container.get("env", []) if e["name"] == TRIAL_ENV))
+    batch = Batch.from_env(next(e["value"] for e in container.get("env", []) if e["name"] == TRIAL_ENV))
+    return batch.trials()[0] if len(batch.entries) == 1 else batch
 
 
-def _is_batch(pod: dict[str, Any]) -> bool:
+def _is_trial_pod(pod: dict[str, Any]) -> bool:
     try:
-        return isinstance(_work(pod), Batch)
+        _work(pod)
     except (StopIteration, ValueError):  # not a trial Pod this helper can read: kwok ends it
         return False
+    return True
 
 
 def _write_status(core: Any, namespace: str, name: str, image: str, exit_code: int, message: str,
@@ -242,7 +249,7 @@ class PodCompleter(_Poller):
         for pod in json.loads(resp.data)["items"]:
             meta, status = pod["metadata"], pod.get("status") or {}
             if meta.get("deletionTimestamp") and status.get("phase") == "Running" and meta["uid"] not in self._killed:
-                if _is_batch(pod):
+                if _is_trial_pod(pod):
                     self._killed.add(meta["uid"])
                     self._kill(core, pod)
                 continue

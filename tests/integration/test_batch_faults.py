@@ -1,4 +1,4 @@
-"""Batched trial Pods on the real control plane (issue 16): a batch Pod killed half-way,
+"""Batched trial Pods on the real control plane: a batch Pod killed half-way,
 garbled batch results, and a whole run on the simulator. Whatever happens to a batch Pod,
 every configuration it finished is recorded once, the others are tried again, and nothing
 is recorded as invalid that was not measured invalid."""
@@ -30,7 +30,7 @@ from operator_support import OperatorProcess, apply, example, get_run, stored_re
 from fleettune.labels import BATCH_LABEL, RUN_LABEL
 from fleettune.results import TrialRecord
 from fleettune_dev.sim.simulator import FleetSimulator
-from fleettune_job.protocol import CONTAINER_NAME, Answer, Batch, Outcome
+from fleettune_job.protocol import CONTAINER_NAME, TRIAL_ENV, Answer, Batch, Outcome
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +52,13 @@ def _assert_once_each(records: list[TrialRecord], budget: int) -> None:
     assert not [r for r in records if r.outcome.is_invalid_configuration], "nothing here is invalid"
     for rec in observed:  # each time is the one its Pod reported for its configuration
         assert rec.objective == ok_time(rec.config), rec
+
+
+def _entries(pod: dict[str, Any]) -> int:
+    """How many configurations a trial Pod measures (every trial Pod carries the batch label:
+    the default configuration's Pod, alone, is a batch of one)."""
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == CONTAINER_NAME)
+    return len(Batch.from_env(next(e["value"] for e in container["env"] if e["name"] == TRIAL_ENV)).entries)
 
 
 def _assert_clean_log(operator: OperatorProcess) -> None:
@@ -163,7 +170,7 @@ def test_a_batch_pod_deleted_mid_batch_keeps_the_answers_it_wrote(cluster, names
         out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
         for pod in json.loads(out)["items"]:
             started = [s for s in pod["status"].get("containerStatuses") or [] if (s.get("state") or {}).get("running")]
-            if pod["status"].get("phase") == "Running" and started:
+            if pod["status"].get("phase") == "Running" and started and _entries(pod) > 1:
                 return pod  # type: ignore[no-any-return]
         return None
 
@@ -200,7 +207,8 @@ def test_a_running_batch_pods_answers_reach_the_status_before_it_ends(cluster, n
 
         def running_batch() -> dict[str, Any] | None:
             out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
-            return next((p for p in json.loads(out)["items"] if p["status"].get("phase") == "Running"), None)
+            return next((p for p in json.loads(out)["items"]
+                         if p["status"].get("phase") == "Running" and _entries(p) > 1), None)
 
         pod = wait_for(running_batch, 120, "a running batch Pod", interval=0.2)
         before = 1  # the default configuration's Pod, ended before this one started

@@ -111,7 +111,7 @@ def test_rendered_objects_pass_server_side_dry_run(
 def test_helm_install_with_the_longest_release_name(
     cluster: Any, namespace: str, helm: Path, foreign_crds: None, tuningrun_crd: None
 ) -> None:
-    """A real `helm install` (issue #19: release names of 45-53 characters broke it, on a
+    """A real `helm install` (release names of 45-53 characters broke it, on a
     Service name over 63 characters), with monitoring, alerts and the trial NetworkPolicy."""
     base = [str(helm), "--kubeconfig", str(cluster.kubeconfig), "--namespace", namespace]
     install = subprocess.run(
@@ -194,7 +194,7 @@ def test_namespaced_rbac_grants_exactly_the_operators_calls(
             # blockOwnerDeletion on trial Jobs, under OwnerReferencesPermissionEnforcement.
             ("update", "tuningruns.fleettune.dev/finalizers"),
             ("create", "jobs.batch"), ("delete", "jobs.batch"), ("list", "pods"), ("watch", "pods"),
-            ("create", "configmaps"), ("update", "configmaps"), ("create", "events"),
+            ("create", "configmaps"), ("update", "configmaps"), ("create", "events"), ("patch", "events"),
         ]
         for verb, resource in allowed:
             assert _can(cluster, sa, verb, resource, namespace), f"cannot {verb} {resource}"

@@ -131,7 +131,7 @@ def test_an_object_of_a_kind_installed_moments_ago_goes_with_its_owner(cluster, 
     """As Kueue's Workloads go with their Jobs. kube-controller-manager's garbage collector
     learns of a new kind only at its discovery resync, every 30 s: `wait_established`
     restarts it when it is older than the CRD (an orphaned Workload left in its queue is what
-    Kueue can re-admit as it is collected, and then it admits nothing else; docs/kueue.md)."""
+    Kueue can re-admit as it is collected, and then it admits nothing else; docs/operations/multikueue.md)."""
     plural = f"gadgets{uuid.uuid4().hex[:8]}"
     group, kind = "test.fleettune.dev", f"Gadget{plural[7:]}"
     crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

@@ -1,4 +1,4 @@
-"""The TuningRun CRD on the real API server (issue #19, item 10):
+"""The TuningRun CRD on the real API server:
 
 * the schemas of the Kubernetes types the spec embeds (a target's `affinity`,
   `tolerations`) are the live kube-apiserver's own, from its /openapi/v3/api/v1;

@@ -1,4 +1,4 @@
-"""What broke in the first hour of real use (issue #21), on the real control plane with the
+"""What broke in the first hour of real use, on the real control plane with the
 real operator (the chart's RBAC) and the fleet simulator:
 
 1. ``spec.publish.configMapName`` naming a ConfigMap the run does not own (an
@@ -122,6 +122,7 @@ def test_publishing_never_takes_over_a_configmap_the_run_does_not_own(cluster, n
         assert published["message"] == (f"spec.publish.configMapName: ConfigMap {target} exists and is not "
                                         "published by this run")
         assert condition(done, "Degraded")["status"] == "True" and "published" not in done["status"]
+        assert (condition(done, "Ready")["status"], condition(done, "Ready")["reason"]) == ("False", "PublishRefused")
     after = config_map(api_client, namespace, "precious-config")
     assert after["metadata"]["resourceVersion"] == precious["metadata"]["resourceVersion"], after
     assert after["data"] == precious["data"] and not after["metadata"].get("ownerReferences")
@@ -329,7 +330,7 @@ def _json_stream(text: str) -> list[dict[str, Any]]:
 
 def test_trial_pods_take_the_operators_uid_secrets_and_service_account(cluster, namespace, simulator, operator,
                                                                        api_client):
-    """Issue #19: no fixed UID where the platform assigns one (OpenShift restricted-v2), pull
+    """No fixed UID where the platform assigns one (OpenShift restricted-v2), pull
     secrets for private registries, a ServiceAccount only where the admin allows it."""
     core = core_api(api_client)
     for account in ("trial", "gpu-team"):

@@ -1,4 +1,4 @@
-"""Hostile TuningRun manifests against the real API server and the real operator (issue 8).
+"""Hostile TuningRun manifests against the real API server and the real operator.
 
 Generated invalid manifests (hypothesis, fixed seed, a few hundred in all) must each be
 rejected by the API server naming the field, or end with ``Ready=False,

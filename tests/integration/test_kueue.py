@@ -1,4 +1,4 @@
-"""TuningRuns whose trials go through the real Kueue (docs/kueue.md): the queue's quota, not
+"""TuningRuns whose trials go through the real Kueue (docs/operations/multikueue.md): the queue's quota, not
 the run's parallelism, decides how many trials run; waiting is never failing; and a
 higher-priority workload that preempts a batch of trials mid-way loses nothing and
 records nothing as invalid."""
@@ -20,7 +20,8 @@ from operator_support import apply, example, get_run, stored_records, wait_for, 
 from fleettune.labels import BATCH_LABEL, QUEUE_NAME_LABEL, QUEUE_PRIORITY_LABEL
 from fleettune.results import job_finished
 from fleettune_dev.cluster import LocalCluster
-from fleettune_dev.cluster.kueue import KueueManager, Queues, apply_priority_class, apply_queues, delete_queues
+from fleettune_dev.cluster.kueue import KueueManager
+from fleettune_dev.cluster.queues import Queues, apply_priority_class, apply_queues, delete_queues
 from fleettune_job.protocol import Outcome
 
 pytestmark = pytest.mark.integration

@@ -22,14 +22,8 @@ from kueue_support import Timeline, queued_job
 
 from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster import LocalCluster
-from fleettune_dev.cluster.kueue import (
-    KueueManager,
-    Queues,
-    apply_priority_class,
-    apply_queues,
-    delete_queues,
-    workload_of,
-)
+from fleettune_dev.cluster.kueue import KueueManager
+from fleettune_dev.cluster.queues import Queues, apply_priority_class, apply_queues, delete_queues, workload_of
 
 pytestmark = pytest.mark.integration
 

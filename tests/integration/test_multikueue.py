@@ -1,5 +1,5 @@
 """MultiKueue between two local control planes: plain batch/v1 Jobs (no operator), then a
-TuningRun whose pool is in the worker cluster (docs/kueue.md).
+TuningRun whose pool is in the worker cluster (docs/operations/multikueue.md).
 
 The manager is the session's cluster with its Kueue (the ``kueue`` fixture); the worker is a
 second `LocalCluster` (the a100 pool only) with a Kueue of its own. A Job queued on the
@@ -32,14 +32,8 @@ from operator_support import ChartIdentity, OperatorProcess, apply, example, sto
 from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster import LocalCluster, default_fleet
 from fleettune_dev.cluster.fleet import Fleet
-from fleettune_dev.cluster.kueue import (
-    MULTIKUEUE_MANAGED_BY,
-    MULTIKUEUE_ORIGIN_LABEL,
-    KueueManager,
-    MultiKueueQueues,
-    apply_multikueue,
-    delete_multikueue,
-)
+from fleettune_dev.cluster.kueue import MULTIKUEUE_MANAGED_BY, MULTIKUEUE_ORIGIN_LABEL, KueueManager
+from fleettune_dev.cluster.queues import MultiKueueQueues, apply_multikueue, delete_multikueue
 from fleettune_dev.sim import FleetSimulator
 from fleettune_job.protocol import Outcome
 

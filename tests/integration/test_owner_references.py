@@ -40,8 +40,9 @@ def test_a_trial_job_is_admitted_with_the_charts_rbac_under_owner_reference_enfo
             GROUP, VERSION, namespace, PLURAL, doc)
         spec = TuningRunSpec.model_validate(doc["spec"])
         job = render_job(run="owned", namespace=namespace, uid=run["metadata"]["uid"], spec=spec,
-                         target=spec.targets[0], index=0, config=dict(spec.kernel.default_config or {}),
-                         config_key="default", pin={}, node_expressions=[], key="a100",
+                         target=spec.targets[0], index=0,
+                         configs=[(dict(spec.kernel.default_config or {}), "default")], pin={}, node_expressions=[],
+                         key="a100",
                          problem_size=tuple(spec.kernel.sizes()[0]), source_digest=None)
         assert job["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
         path = tmp_path / "job.json"

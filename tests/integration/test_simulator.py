@@ -1,4 +1,5 @@
-"""The fleet simulator completes trial Pods through the real Job machinery."""
+"""The fleet simulator completes trial Pods through the real Job machinery (Jobs shaped as
+`fleettune.jobs.render_job` shapes them: a batch, here of one configuration)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster.fleet import packaged_recordings_dir
 from fleettune_job import nvrtc
 from fleettune_job.protocol import (
-    EXIT_CODES,
-    INVALID_CONFIG_EXIT_CODES,
+    EXIT_STOPPED_EARLY,
     TRIAL_ENV,
+    Batch,
+    BatchResult,
+    KernelRef,
     Outcome,
-    Trial,
-    decode,
+    TrialResult,
+    decode_batch,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,22 +45,24 @@ def _config(rec: dict, key: str) -> dict:
     return dict(zip(rec["tune_params_keys"], (int(v) for v in key.split(",")), strict=True))
 
 
+def _one(pool: str, config: dict, kernel: dict | None = None, problem_size: list[int] | None = None) -> str:
+    """The work of a Pod measuring one configuration: a batch of one, trial index 0."""
+    return Batch(run="sim-test", target=pool, kernel=KernelRef.model_validate(kernel or {"builtin": "convolution"}),
+                 problem_size=problem_size or [4096, 4096], entries=[{"index": 0, "config": config}]).to_env()
+
+
 def _trial_job(name: str, pool: str, config: dict | None, *, trial_env: str | None = None,
-               backoff: int = 3, tolerations: list | None = None) -> dict:
-    env = trial_env if trial_env is not None else Trial(
-        run="sim-test", target=pool, index=0, kernel={"builtin": "convolution"}, config=config or {},
-        problem_size=[4096, 4096]).to_env()
+               tolerations: list | None = None) -> dict:
+    env = trial_env if trial_env is not None else _one(pool, config or {})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "fleettune"}},
         "spec": {
-            "backoffLimit": backoff,
+            # As the operator's: never retried, but a disruption is no failure.
+            "backoffLimit": 0,
             "podFailurePolicy": {"rules": [
-                # An invalid configuration is an observation: fail the Job at once, no retry.
-                {"action": "FailJob",
-                 "onExitCodes": {"containerName": "trial", "operator": "In", "values": INVALID_CONFIG_EXIT_CODES}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "template": {
                 "metadata": {"labels": {"app.kubernetes.io/managed-by": "fleettune"}},
@@ -90,6 +95,13 @@ def _terminated(core: client.CoreV1Api, namespace: str, job: str) -> list:
             if s.name == "trial" and s.state.terminated]
 
 
+def _answer(message: str) -> tuple[TrialResult, BatchResult]:
+    """The one configuration's result in a Pod's termination message, and the whole message."""
+    batch = decode_batch(message)
+    (answer,) = batch.answers
+    return answer.result(batch.fingerprint), batch
+
+
 def test_trial_job_completes_with_the_recorded_result(cluster, api_client, namespace, simulator, a100_recording):
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
     key, entry = min(((k, e) for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str)),
@@ -99,8 +111,8 @@ def test_trial_job_completes_with_the_recorded_result(cluster, api_client, names
     assert cond.type == "Complete"
     [term] = _terminated(core, namespace, "best")
     assert term.exit_code == 0 and term.reason == "Completed"
-    result = decode(term.message)
-    assert result.outcome == Outcome.OK
+    result, whole = _answer(term.message)
+    assert whole.done and result.outcome == Outcome.OK
     assert result.objective == pytest.approx(entry["time"])
     assert result.times and all(t in entry["times"] for t in result.times)
     fp = result.fingerprint
@@ -110,29 +122,30 @@ def test_trial_job_completes_with_the_recorded_result(cluster, api_client, names
     assert (namespace, "sim-test", "a100", 0) in simulator.answered
 
 
-def test_recorded_failure_fails_the_job_at_once_by_pod_failure_policy(api_client, namespace, simulator,
-                                                                      a100_recording):
+def test_a_recorded_failure_is_answered_at_once_and_never_retried(api_client, namespace, simulator,
+                                                                  a100_recording):
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
     key = next(k for k, e in a100_recording["cache"].items() if e["time"] == "RuntimeFailedConfig")
     batch.create_namespaced_job(namespace, _trial_job("broken", "a100", _config(a100_recording, key)))
     cond = wait_for(lambda: _finished(batch, namespace, "broken"), 60, "the job to finish")
-    assert (cond.type, cond.reason) == ("Failed", "PodFailurePolicy")
+    # An invalid configuration is an answer: the Pod ends as answered, the Job is done.
+    assert cond.type == "Complete"
     terms = _terminated(core, namespace, "broken")
     assert len(terms) == 1, "no retry for an invalid configuration"
-    assert terms[0].exit_code == EXIT_CODES[Outcome.LAUNCH_ERROR]
-    result = decode(terms[0].message)
+    assert terms[0].exit_code == 0
+    result, _ = _answer(terms[0].message)
     assert result.outcome == Outcome.LAUNCH_ERROR and "RuntimeFailedConfig" in result.error
 
 
-def test_infrastructure_failures_are_retried_not_observed(api_client, namespace, simulator):
+def test_a_pod_that_cannot_read_its_batch_answers_nothing_and_is_not_retried(api_client, namespace, simulator):
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
-    batch.create_namespaced_job(namespace, _trial_job("garbled", "rtx-a4000", None, trial_env="{not json",
-                                                      backoff=1))
+    batch.create_namespaced_job(namespace, _trial_job("garbled", "rtx-a4000", None, trial_env="{not json"))
     cond = wait_for(lambda: _finished(batch, namespace, "garbled"), 90, "the job to give up")
     assert (cond.type, cond.reason) == ("Failed", "BackoffLimitExceeded")
     terms = _terminated(core, namespace, "garbled")
-    assert len(terms) == 2 and {t.exit_code for t in terms} == {EXIT_CODES[Outcome.INFRA_ERROR]}
-    assert "invalid FLEETTUNE_TRIAL" in decode(terms[0].message).error
+    assert len(terms) == 1 and terms[0].exit_code == EXIT_STOPPED_EARLY
+    stopped = decode_batch(terms[0].message)
+    assert not stopped.answers and "invalid FLEETTUNE_TRIAL" in stopped.error
 
 
 def test_jetson_results_are_synthetic(api_client, namespace, simulator, a100_recording):
@@ -142,7 +155,7 @@ def test_jetson_results_are_synthetic(api_client, namespace, simulator, a100_rec
                                                       tolerations=[EDGE_TOLERATION]))
     cond = wait_for(lambda: _finished(batch, namespace, "edge"), 60, "the job to finish")
     assert cond.type == "Complete"
-    result = decode(_terminated(core, namespace, "edge")[0].message)
+    result, _ = _answer(_terminated(core, namespace, "edge")[0].message)
     assert result.fingerprint.synthetic and result.fingerprint.product == "Jetson AGX Orin"
 
 
@@ -151,13 +164,11 @@ def test_pods_on_real_nodes_are_never_touched(cluster, api_client, namespace, si
     node = f"real-{uuid.uuid4().hex[:6]}"
     core.create_node({"metadata": {"name": node, "labels": {POOL_LABEL: "a100"}}})
     try:
-        trial = Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"}, config={},
-                      problem_size=[4096, 4096])
         pod = core.create_namespaced_pod(namespace, {
             "metadata": {"name": "on-real", "labels": {"app.kubernetes.io/managed-by": "fleettune"}},
             "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
                 "name": "trial", "image": "example.invalid/x:1",
-                "env": [{"name": TRIAL_ENV, "value": trial.to_env()}]}]},
+                "env": [{"name": TRIAL_ENV, "value": _one("a100", {})}]}]},
         })
         # Play a kubelet: the container runs.
         core.patch_namespaced_pod_status("on-real", namespace, {"status": {"phase": "Running",
@@ -173,20 +184,20 @@ def test_pods_on_real_nodes_are_never_touched(cluster, api_client, namespace, si
         core.delete_node(node)
 
 
-def test_a_trial_pod_deleted_while_running_is_removed_and_never_answered(cluster, api_client, namespace,
-                                                                          a100_recording):
+def test_a_trial_pod_deleted_while_running_is_removed_with_no_answer(cluster, api_client, namespace,
+                                                                     a100_recording):
     from fleettune_dev.sim import FleetSimulator
 
     core, batch = client.CoreV1Api(api_client), client.BatchV1Api(api_client)
     key = next(k for k, e in a100_recording["cache"].items() if not isinstance(e["time"], str))
     # A slow simulator: the trial would take ~90 s, so the deletion lands mid-run.
     with FleetSimulator(cluster.kubeconfig, cluster.fleet, time_scale=100) as slow:
-        batch.create_namespaced_job(namespace, _trial_job("cut", "a100", _config(a100_recording, key),
-                                                          backoff=0))
+        batch.create_namespaced_job(namespace, _trial_job("cut", "a100", _config(a100_recording, key)))
         wait_for(lambda: slow.pending == 1, 30, "the simulator to start the trial")
         pod = core.list_namespaced_pod(namespace, label_selector="job-name=cut").items[0]
         core.delete_namespaced_pod(pod.metadata.name, namespace)
-        # kwok's pod-delete stage plays the kubelet: the pod goes away at once.
+        # Stopped by the simulator before its first answer (or ended by kwok's pod-delete stage
+        # first): the pod goes away at once.
         wait_for(lambda: not [p for p in core.list_namespaced_pod(namespace, label_selector="job-name=cut").items
                               if p.metadata.uid == pod.metadata.uid], 20, "the pod to be removed")
     assert slow.answered == [] and not slow.errors
@@ -230,8 +241,7 @@ def test_a_status_write_whose_reply_is_lost_is_answered_once_or_left_unsettled(c
     faulty = _LostReply(sim._api(), fault)
     sim._worker_api = lambda: faulty  # type: ignore[method-assign]
     with sim:
-        batch.create_namespaced_job(namespace, _trial_job("lost-reply", "a100", _config(a100_recording, key),
-                                                          backoff=0))
+        batch.create_namespaced_job(namespace, _trial_job("lost-reply", "a100", _config(a100_recording, key)))
         trial = (namespace, "sim-test", "a100", 0)
         wait_for(lambda: sim.answered or sim.unsettled, 60, "the trial to be settled")
         time.sleep(1.5)  # a second retry, if there were one, would count it again
@@ -241,7 +251,7 @@ def test_a_status_write_whose_reply_is_lost_is_answered_once_or_left_unsettled(c
         else:
             assert (sim.answered, sim.unsettled) == ([trial], [])
             [term] = _terminated(core, namespace, "lost-reply")
-            assert decode(term.message).outcome == Outcome.OK
+            assert _answer(term.message)[0].outcome == Outcome.OK
 
 
 USER_SOURCE = """
@@ -255,13 +265,13 @@ extern "C" __global__ void scale(float *x, int n) {
 
 
 def _user_source_job(name: str, config: dict) -> dict:
-    trial = Trial(run="sim-test", target="a100", index=0, config=config, problem_size=[1 << 20], kernel={
+    work = _one("a100", config, problem_size=[1 << 20], kernel={
         "source_path": "/etc/fleettune/kernel/scale.cu", "function": "scale",
         "grid": ["cdiv(problem_size[0], block_size_x)"], "block": ["block_size_x"],
         "arguments": [{"name": "x", "length": "problem_size[0]", "output": True},
                       {"name": "n", "kind": "scalar", "dtype": "int32", "value": "problem_size[0]"}],
         "verification": {"reference_config": {"block_size_x": 128, "tile": 1}}})
-    job = _trial_job(name, "a100", None, trial_env=trial.to_env(), backoff=1)
+    job = _trial_job(name, "a100", None, trial_env=work)
     pod = job["spec"]["template"]["spec"]
     # As the operator renders a user-source Job (fleettune.jobs): the source ConfigMap mounted read-only.
     pod["volumes"] = [{"name": "kernel", "configMap": {"name": "scale-src"}}]
@@ -280,14 +290,14 @@ def test_user_source_is_compiled_for_real_and_timed_by_a_synthetic_model(api_cli
     batch.create_namespaced_job(namespace, _user_source_job("undefined", {"block_size_x": 128}))
     ok = wait_for(lambda: _finished(batch, namespace, "compiles"), 60, "the compiling trial to finish")
     assert ok.type == "Complete"
-    result = decode(_terminated(core, namespace, "compiles")[0].message)
+    result, _ = _answer(_terminated(core, namespace, "compiles")[0].message)
     assert result.outcome == Outcome.OK and result.objective
     assert result.fingerprint.synthetic and result.fingerprint.compute_capability == "8.0"
-    failed = wait_for(lambda: _finished(batch, namespace, "undefined"), 60, "the broken trial to finish")
-    assert (failed.type, failed.reason) == ("Failed", "PodFailurePolicy")
+    answered = wait_for(lambda: _finished(batch, namespace, "undefined"), 60, "the broken trial to finish")
+    assert answered.type == "Complete"
     [term] = _terminated(core, namespace, "undefined")
-    assert term.exit_code == EXIT_CODES[Outcome.COMPILE_ERROR]
-    broken = decode(term.message)
+    assert term.exit_code == 0
+    broken, _ = _answer(term.message)
     assert broken.outcome == Outcome.COMPILE_ERROR and 'identifier "tile" is undefined' in broken.error
     assert simulator.compiler.compiles == 2
 
@@ -301,7 +311,7 @@ def test_a_pod_on_a_deleted_node_is_never_answered(cluster, api_client, namespac
     # Deleted before the simulated trial (~9 s) ends: its answer is never due.
     with FleetSimulator(cluster.kubeconfig, cluster.fleet, time_scale=10) as slow:
         try:
-            job = _trial_job("lost", "a100", {}, backoff=0)
+            job = _trial_job("lost", "a100", {})
             job["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = node
             batch.create_namespaced_job(namespace, job)
             wait_for(lambda: slow.pending == 1, 60, "the simulator to start the trial")

@@ -1,4 +1,4 @@
-"""A user's own CUDA kernel, end to end on the real control plane (issue #21, part 1).
+"""A user's own CUDA kernel, end to end on the real control plane.
 
 The real operator (the chart's RBAC), the fleet simulator (which compiles user source
 for real with NVRTC, and times it with its model), and the example manifest
@@ -52,6 +52,7 @@ def events(cluster: Any, namespace: str, name: str) -> list[dict[str, Any]]:
 
 def test_a_user_kernel_tunes_end_to_end(cluster, namespace, operator, simulator):
     source_map, run = user_run("transpose")
+    run["spec"]["publish"] = {"configMapName": "transpose-tuned"}
     assert apply(cluster, namespace, source_map).returncode == 0
     assert apply(cluster, namespace, run).returncode == 0
 
@@ -62,8 +63,62 @@ def test_a_user_kernel_tunes_end_to_end(cluster, namespace, operator, simulator)
     records = stored_records(cluster, namespace, "transpose")
     assert len([r for r in records if r.is_observation]) == 6
     assert all(r.outcome.value != "infra_error" for r in records), [r.error for r in records]
-    reasons = {e["reason"] for e in events(cluster, namespace, "transpose")}
+    said = events(cluster, namespace, "transpose")
+    reasons = {e["reason"] for e in said}
     assert {"TargetRunning", "TargetSucceeded", "Tuned"} <= reasons, reasons
+
+    # The simulator computes no outputs: the best is unverified wherever it is shown.
+    note = "[unverified: outputs not checked]"
+    assert target["fingerprint"]["unverified"] is True
+    assert note in condition(done, "Ready")["message"] and done["status"]["bestSummary"].startswith("(unverified)")
+    assert any(e["reason"] == "TargetSucceeded" and note in e["message"] for e in said), said
+
+    def published() -> dict[str, str] | None:
+        out = cluster.kubectl("get", "configmap", "transpose-tuned", "-n", namespace, "-o", "json", check=False)
+        return json.loads(out.stdout).get("data") if out.returncode == 0 else None
+
+    data = wait_for(published, 30, "the published ConfigMap")
+    assert all(e["verified"] is False for e in json.loads(data["tuned.json"])["entries"])
+    assert [v for k, v in data.items() if k.endswith(".verified")] == ["false"]
+
+
+HALF_SOURCE = """#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+extern "C" __global__ void axpb(float *y, const float *x, int n) {
+    const int i = blockIdx.x * size + threadIdx.x;
+    if (i < n) y[i] = float(T(a) * T(x[i])) + b;
+}
+"""
+
+
+def test_a_half_precision_kernel_with_common_parameter_names_tunes(cluster, namespace, operator, simulator):
+    """cuda_fp16.h and cuda_bf16.h, and parameters named as in NVRTC's own header (size, T, a,
+    b): the operator's check and the simulator compile them as the job image does."""
+    source_map, run = user_run("half", trials=4)
+    key = run["spec"]["kernel"]["source"]["key"]
+    source_map["data"] = {key: HALF_SOURCE}
+    run["spec"]["kernel"]["source"].update(
+        function="axpb", grid=["cdiv(problem_size[0], size)"], block=["size"], verification={"atol": 0.1},
+        arguments=[{"name": "y", "length": "problem_size[0]", "init": "zeros", "output": True},
+                   {"name": "x", "length": "problem_size[0]"},
+                   {"name": "n", "kind": "scalar", "dtype": "int32", "value": "problem_size[0]"}])
+    run["spec"]["kernel"].update(problemSize=[65536], defaultConfig={"size": 128, "T": "float", "a": 2, "b": 1})
+    run["spec"]["parameters"] = [
+        {"name": "size", "values": [64, 128, 256]},
+        {"name": "T", "type": "categorical", "values": ["float", "__half", "__nv_bfloat16"]},
+        {"name": "a", "values": [1, 2]},
+        {"name": "b", "values": [0, 1]},
+    ]
+    run["spec"]["constraints"] = []
+    for doc in (source_map, run):
+        applied = apply(cluster, namespace, doc)
+        assert applied.returncode == 0, applied.stderr
+
+    done = wait_phase(cluster, namespace, "half", 120, operator)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    records = [r for r in stored_records(cluster, namespace, "half") if r.is_observation]
+    assert len(records) == 4 and all(r.outcome.value == "ok" for r in records), [r.error for r in records]
 
 
 def test_a_compile_error_fails_the_run_before_any_job_until_the_source_is_fixed(cluster, namespace, operator,
@@ -107,7 +162,9 @@ def test_a_missing_source_configmap_is_waited_for_then_used(cluster, namespace, 
         return ready if ready and ready["reason"] == "SourceNotFound" else None
 
     ready = wait_for(waiting, 30, "the SourceNotFound condition")
-    assert ready["message"] == "spec.kernel.source.configMap: ConfigMap 'later-src' not found in the run's namespace"
+    key = run["spec"]["kernel"]["source"]["key"]
+    assert ready["message"] == ("spec.kernel.source.configMap: ConfigMap 'later-src' not found in the run's namespace; "
+                                f"waiting for ConfigMap 'later-src' key '{key}'")
     assert get_run(cluster, namespace, "later")["status"]["phase"] == "Pending"
     assert not jobs(cluster, namespace, "later")
 

@@ -23,7 +23,7 @@ from fleettune.controller.reporting import Report
 from fleettune.jobs import work_of
 from fleettune.labels import BATCH_LABEL, TARGET_LABEL
 from fleettune.results import TrialRecord, job_finished
-from fleettune_job.protocol import CONTAINER_NAME, Answer, Batch, BatchResult, Outcome, TrialResult
+from fleettune_job.protocol import CONTAINER_NAME, Answer, BatchResult, TrialResult
 
 Measure = Callable[[dict[str, Any]], TrialResult]
 A100 = {
@@ -68,6 +68,9 @@ class FakeFleet:
     node_epoch: int = 0
     status: dict[str, Any] | None = None
     node_wait_s: float = 600.0
+    # GPUs each node offers (status.allocatable), and so how many trial Pods start at once;
+    # None: the nodes do not say, and every Job's Pod starts.
+    gpus_per_node: int | None = None
     config_maps: dict[str, dict[str, str]] = field(default_factory=dict)
     ended: dict[str, dict[str, Any]] = field(default_factory=dict)  # Job name -> its Pod the watch saw end
     # Job name -> the answers its running Pod printed (what the operator read from its log).
@@ -97,6 +100,24 @@ class FakeFleet:
         self.wall += seconds
         self.mono += seconds
 
+    def start_pods(self) -> None:
+        """The scheduler and kubelet: Pods of admitted Jobs start (the Job controller counts
+        them ready) while a GPU is free; the others stay Pending."""
+        free = None if self.gpus_per_node is None else self.gpus_per_node * len(self.nodes)
+        for job in self.jobs.values():
+            if job_finished(job) or job["spec"].get("suspend"):
+                continue
+            status = job.setdefault("status", {})
+            if status.get("ready"):
+                free = None if free is None else free - 1
+            elif free is None or free > 0:
+                status["ready"] = 1
+                free = None if free is None else free - 1
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The Jobs whose Pod waits for a GPU."""
+        return [j for j in self.running() if not (j.get("status") or {}).get("ready")]
+
     def running(self) -> list[dict[str, Any]]:
         """The Jobs that run now: not finished, and not held by a queue (suspended)."""
         return [j for j in self.jobs.values() if not job_finished(j) and not j["spec"].get("suspend")]
@@ -118,7 +139,6 @@ class FakeFleet:
         job["status"] = {"conditions": [{"type": "Suspended", "status": "True", "reason": "JobSuspended",
                                          "lastTransitionTime": iso(self.wall)}]}
         work = work_of(job)
-        assert isinstance(work, Batch)
         entries = work.entries[:answered]
         message = BatchResult(answers=[Answer.of(e.index, self.measure(e.config)) for e in entries],
                               done=False, error="terminated by SIGTERM")
@@ -130,7 +150,6 @@ class FakeFleet:
     def print_answers(self, name: str, n: int) -> list[Answer]:
         """The running batch Pod of Job `name` prints its first `n` answers on its log."""
         work = work_of(self.jobs[name])
-        assert isinstance(work, Batch)
         answers = [Answer.of(e.index, self.measure(e.config)) for e in work.entries[:n]]
         self.streamed[name] = {a.i: a for a in answers}
         return answers
@@ -144,19 +163,16 @@ class FakeFleet:
 
     def finish(self, n: int | None = None, answered: int | None = None) -> None:
         """The Job controller marks the first `n` running Jobs (all: None) done with their
-        results. A batch Pod answers its first `answered` trials (None: all) and is killed
-        after them, as an eviction would (exit 137, the Job failed)."""
-        for job in self.running()[:n]:
+        results. Its Pod answers its first `answered` trials (None: all) and is killed after
+        them, as a deletion would (exit 137, the Job failed)."""
+        self.start_pods()
+        for job in [j for j in self.running() if j["status"].get("ready")][:n]:
             work = work_of(job)
-            if isinstance(work, Batch):
-                entries = work.entries if answered is None else work.entries[:answered]
-                done = len(entries) == len(work.entries)
-                message = BatchResult(answers=[Answer.of(e.index, self.measure(e.config)) for e in entries],
-                                      done=done, error="" if done else "terminated by SIGKILL")
-                ok, code, text = done, 0 if done else 137, message.encode()
-            else:
-                result = self.measure(work.config)
-                ok, code, text = result.outcome == Outcome.OK, result.exit_code, result.encode()
+            entries = work.entries if answered is None else work.entries[:answered]
+            done = len(entries) == len(work.entries)
+            message = BatchResult(answers=[Answer.of(e.index, self.measure(e.config)) for e in entries],
+                                  done=done, error="" if done else "terminated by SIGKILL")
+            ok, code, text = done, 0 if done else 137, message.encode()
             job["status"] = {"conditions": [{"type": "Complete" if ok else "Failed", "status": "True"}]}
             pod = {"metadata": {"name": f"{job['metadata']['name']}-pod"},
                    "status": {"phase": "Succeeded" if ok else "Failed", "containerStatuses": [{
@@ -168,6 +184,10 @@ class FakeFleet:
     def step(self) -> Plan:
         planner = self.planner
         planner.configure(self.generation, copy.deepcopy(self.spec), self.store.records, self.wall)
+        if planner.spec is not None and planner.wants_source(self.mono):
+            source = planner.spec.kernel.source
+            assert source is not None
+            planner.accept_source(self.config_maps.get(source.config_map), self.mono, self.wall)
         if planner.wants_warm_start(self.mono):
             assert planner.spec is not None and planner.spec.warm_start
             planner.accept_warm_start([self.config_maps.get(w.config_map) for w in planner.spec.warm_start], self.mono)
@@ -176,7 +196,11 @@ class FakeFleet:
         planner.retune(self.annotations, self.wall)
         if planner.wants_nodes(self.node_epoch, self.mono):
             nodes = [{"metadata": {"name": n, "labels": labels}, "spec": {}} for n, labels in self.nodes.items()]
+            if self.gpus_per_node is not None:
+                for node in nodes:
+                    node["status"] = {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(self.gpus_per_node)}}
             planner.accept_nodes(nodes, self.node_epoch, self.mono)
+        self.start_pods()
         jobs = [copy.deepcopy({k: v for k, v in j.items() if k != "pods"}) for j in self.jobs.values()]
         ended = {name: pod for name, pod in self.ended.items() if name in self.jobs}
         needed = pods_needed(jobs, ended, self.store)

@@ -1,4 +1,4 @@
-"""A batch Job's Pods into one record per configuration: nothing lost, nothing counted
+"""A trial Job's Pods into one record per configuration: nothing lost, nothing counted
 twice, nothing recorded as invalid that was not measured invalid."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from fleettune.labels import CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
-from fleettune.results import records_from_batch_job
+from fleettune.results import records_from_job
 from fleettune_job.protocol import (
     MAX_BATCH,
     MAX_MESSAGE_BYTES,
@@ -20,7 +20,6 @@ from fleettune_job.protocol import (
     ProtocolError,
     TrialResult,
     decode_batch,
-    parse_work,
 )
 
 BATCH = Batch(run="run", target="a100", kernel=KernelRef(builtin="gemm"), problem_size=[64, 64],
@@ -52,7 +51,7 @@ def _message(*answers, done=False, error=""):
 def test_every_answer_becomes_a_record_in_entry_order():
     pruned = Answer.of(13, TrialResult(outcome=Outcome.OK, objective=9.0, times=[9.0] * 3, pruned=True))
     answers = [_ok(10), Answer(i=11, o=Outcome.COMPILE_ERROR, e="ptxas: too many registers"), _ok(12, 2.0), pruned]
-    recs = records_from_batch_job(_job("Complete"), [_pod(_message(*answers, done=True))], BATCH, 2)
+    recs = records_from_job(_job("Complete"), [_pod(_message(*answers, done=True))], BATCH, 2)
     assert [(r.index, r.outcome, r.key, r.config) for r in recs] == [
         (10, Outcome.OK, "k0", {"x": 0}), (11, Outcome.COMPILE_ERROR, "k1", {"x": 1}),
         (12, Outcome.OK, "k2", {"x": 2}), (13, Outcome.OK, "k3", {"x": 3})]
@@ -65,7 +64,7 @@ def test_every_answer_becomes_a_record_in_entry_order():
 def test_a_pod_killed_mid_batch_keeps_what_it_finished_and_loses_nothing_as_invalid():
     message = _message(_ok(10), Answer(i=11, o=Outcome.TIMEOUT, e="no result within 60 s"),
                        error="terminated by SIGTERM")
-    recs = records_from_batch_job(_job("Failed", "BackoffLimitExceeded"), [_pod(message, 137)], BATCH, 1)
+    recs = records_from_job(_job("Failed", "BackoffLimitExceeded"), [_pod(message, 137)], BATCH, 1)
     assert [r.outcome for r in recs] == [Outcome.OK, Outcome.TIMEOUT, Outcome.INFRA_ERROR, Outcome.INFRA_ERROR]
     assert "not measured" in recs[2].error and "SIGTERM" in recs[2].error
     assert not recs[2].is_observation and not recs[3].is_observation
@@ -77,7 +76,7 @@ def test_a_pod_killed_mid_batch_keeps_what_it_finished_and_loses_nothing_as_inva
     _message(_ok(10))[:-7],  # cut off, as a kubelet cuts an oversized message
 ])
 def test_an_unreadable_message_leaves_every_entry_unmeasured(message):
-    recs = records_from_batch_job(_job("Failed"), [_pod(message, 1)], BATCH, 1)
+    recs = records_from_job(_job("Failed"), [_pod(message, 1)], BATCH, 1)
     assert [r.outcome for r in recs] == [Outcome.INFRA_ERROR] * 4
 
 
@@ -85,14 +84,14 @@ def test_answers_for_other_indexes_are_ignored_and_the_first_answer_wins():
     first = _pod(_message(_ok(10, 1.0), _ok(99, 0.001), _ok(10, 5.0)), 137, finished="2026-01-01T00:00:05Z")
     second = _pod(_message(_ok(10, 3.0), _ok(11, 4.0), _ok(12), _ok(13), done=True), finished="2026-01-01T00:00:20Z",
                   node="gpu-1")
-    recs = records_from_batch_job(_job("Complete"), [second, first], BATCH, 1)
+    recs = records_from_job(_job("Complete"), [second, first], BATCH, 1)
     assert [r.index for r in recs] == [10, 11, 12, 13]  # nothing for index 99, nothing twice
     assert recs[0].objective == 1.0 and recs[0].node == "gpu-0"  # the earlier Pod's measurement
     assert recs[1].objective == 4.0 and recs[1].node == "gpu-1"
 
 
 def test_a_job_without_pods_records_every_entry_as_unmeasured():
-    recs = records_from_batch_job(_job("Failed", "DeadlineExceeded"), [], BATCH, 1)
+    recs = records_from_job(_job("Failed", "DeadlineExceeded"), [], BATCH, 1)
     assert all(r.outcome == Outcome.INFRA_ERROR and "DeadlineExceeded" in r.error for r in recs)
 
 
@@ -109,8 +108,8 @@ def test_the_worst_batch_message_fits_a_termination_message():
 
 
 def test_a_batch_reads_back_as_trials_and_rejects_repeated_indexes():
-    work = parse_work(BATCH.to_env())
-    assert isinstance(work, Batch) and [t.index for t in work.trials()] == [10, 11, 12, 13]
+    work = Batch.from_env(BATCH.to_env())
+    assert [t.index for t in work.trials()] == [10, 11, 12, 13]
     assert work.trials()[1].config == {"x": 1} and work.trials()[1].problem_size == [64, 64]
     with pytest.raises(ValueError, match="distinct"):
         Batch(run="r", target="t", kernel=KernelRef(builtin="gemm"), problem_size=[1],

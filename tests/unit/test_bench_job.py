@@ -1,5 +1,5 @@
 """`fleettune bench job` without a GPU: the draw, the figures and their verdict, the
-refusals; the tools themselves are stood in for (the GPU tier and docs/bench-job.md ran
+refusals; the tools themselves are stood in for (the GPU tier and docs/benchmarks.md ran
 them on an H200)."""
 
 from __future__ import annotations

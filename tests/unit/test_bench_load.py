@@ -35,7 +35,7 @@ from fleettune_dev.bench.load import (
     trials_per_pod,
     utilisation,
 )
-from fleettune_job.protocol import TRIAL_ENV, Answer, Batch, BatchResult, Outcome, Trial, TrialResult
+from fleettune_job.protocol import TRIAL_ENV, Answer, Batch, BatchResult, Outcome
 
 
 def test_fleet_has_the_gpus_asked_for_in_the_pools_asked_for():
@@ -80,15 +80,13 @@ def _finished_pod(message: str | None) -> dict:
 
 
 def test_gpu_busy_time_is_read_from_the_pods_result():
-    single = TrialResult(outcome=Outcome.OK, objective=0.5, compile_s=0.85, run_s=0.25).encode()
     batch = BatchResult(answers=[Answer(i=0, o=Outcome.OK, t=0.5, c=0.85, r=0.25),
                                  Answer(i=1, o=Outcome.COMPILE_ERROR, c=0.4),
                                  Answer(i=2, o=Outcome.OK, t=0.7, r=0.5)], done=True).encode()
     assert termination_message(_finished_pod(batch)) == batch
     assert termination_message({"status": {"phase": "Running"}}) is None
-    assert gpu_busy_seconds(single) == pytest.approx(0.25)
     assert gpu_busy_seconds(batch) == pytest.approx(0.75)
-    assert gpu_busy_seconds(TrialResult(outcome=Outcome.COMPILE_ERROR).encode()) == 0.0
+    assert gpu_busy_seconds(BatchResult(answers=[Answer(i=0, o=Outcome.COMPILE_ERROR)]).encode()) == 0.0
     for unreadable in (None, "", "{", '{"version": 2}'):
         assert gpu_busy_seconds(unreadable) is None
 
@@ -214,9 +212,9 @@ def _job(env: str, first: int) -> dict:
 
 def test_a_jobs_trials_are_read_from_its_work():
     common = {"run": "r", "target": "a100", "kernel": {"builtin": "convolution"}, "problem_size": [64]}
-    trial = Trial(index=3, config={}, **common).to_env()
+    one = Batch(entries=[{"index": 3, "config": {}}], **common).to_env()
     batch = Batch(entries=[{"index": i, "config": {"x": i}} for i in (7, 8, 9)], **common).to_env()
-    assert job_trials(_job(trial, 3)) == [3]
+    assert job_trials(_job(one, 3)) == [3]
     assert job_trials(_job(batch, 7)) == [7, 8, 9]
     assert job_trials(_job("{garbled", 5)) == [5]
 

@@ -1,5 +1,5 @@
 """`fleettune bench strategy --variant`: a strategy option judged per kernel family, with
-paired differences over the seeds (issue 18: a gain must not be one space's luck)."""
+paired differences over the seeds (a gain must not be one space's luck)."""
 
 from __future__ import annotations
 
@@ -71,5 +71,29 @@ def test_the_command_runs_both_and_prints_the_comparison(tmp_path: Path, capsys)
     assert capsys.readouterr().out == text
     with pytest.raises(SystemExit, match="did you mean 'initial'"):
         main([*argv, "--variant", "inital=2"])
+    with pytest.raises(SystemExit, match='--option transform: no longer an option: it is now fixed at "log"'):
+        main([*argv, "--variant", 'transform="copula"'])
     with pytest.raises(SystemExit):
         main([*argv, "--batch", "4"])
+
+
+def test_a_variant_of_a_tuning_knob_reaches_the_study_through_the_development_hook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--variant rank_every=0`: a knob a TuningRun cannot set; the benchmark hands it to
+    `Study` as ``tuning``, beside the options (``--option``) it hands as ``options``."""
+    import fleettune.optimize as optimize
+
+    seen: list[tuple[dict, dict]] = []
+
+    class Spy(optimize.Study):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            seen.append((dict(kwargs.get("options") or {}), dict(kwargs.get("tuning") or {})))
+
+    monkeypatch.setattr(optimize, "Study", Spy)
+    out = tmp_path / "out.json"
+    argv = ["--cache", str(write_cache(tmp_path / "toy-A.json.gz", 4)), "--seeds", "1", "--budget", "12",
+            "--option", "initial=3", "--variant", "rank_every=0", "--json", str(out)]
+    assert main(argv) == 0
+    assert seen == [({"initial": 3}, {}), ({"initial": 3}, {"rank_every": 0})]
+    assert seen[1] != seen[0] and json.loads(out.read_text())["variant"]["options"] == {"initial": 3, "rank_every": 0}

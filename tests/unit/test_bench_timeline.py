@@ -492,7 +492,7 @@ def test_strategy_bench_prints_the_batch_comparison(ts, capsys) -> None:
     assert strategy_main(["--cache", str(ts.path), "--strategy", "random", "--seeds", "2", "--budget", "20",
                           "--batch", "4", "--gpus", "2"]) == 0
     text = capsys.readouterr().out
-    assert "random-2x4" in text and "vs sequential" in text and "target (issue #16)" in text
+    assert "random-2x4" in text and "vs sequential" in text and "target (batched vs sequential)" in text
 
 
 def test_random_expectation_is_the_mean_over_every_order_of_draws(ts) -> None:

@@ -146,12 +146,16 @@ def test_options_are_checked_against_the_strategy(caches) -> None:
     """A misspelt option would be ignored by the study and the benchmark would compare
     two identical runs: it is refused, naming the options there are."""
     src, tgt = caches
-    refusal = r"prior_path: not an option of strategy 'bayes' \(did you mean 'prior_paths'\?\) \(options: "
+    refusal = (r"prior_path: neither an option nor a tuning knob of strategy 'bayes' \(did you mean 'prior_paths'\?\) "
+               r"\(options: ")
     with pytest.raises(SystemExit, match=refusal):
         main(["--source", str(src), "--target", str(tgt), "--option", "prior_path=2"])
     with pytest.raises(SystemExit, match="--strategy: 'nope' is not a strategy"):
         main(["--source", str(src), "--target", str(tgt), "--strategy", "nope"])
-    assert parse_options(["prior_paths=2", 'transform="copula"'], "bayes") == {"prior_paths": 2, "transform": "copula"}
+    # Options and tuning knobs (the development hook) alike; a deleted alternative is refused.
+    assert parse_options(["prior_paths=2", "initial=4"], "bayes") == {"prior_paths": 2, "initial": 4}
+    with pytest.raises(SystemExit, match='--option transform: no longer an option: it is now fixed at "log"'):
+        parse_options(['transform="copula"'], "bayes")
 
 
 def test_command_resumes_from_traces(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -204,7 +208,7 @@ def test_ordered_summary_names_the_worst_pair_and_each_family() -> None:
 def test_the_spread_over_seeds_says_how_much_the_figures_owe_to_them() -> None:
     """Seed-bootstrap intervals of the mean and the worst ratio: a point where every seed
     gives the same, an interval around the observed figures where they differ, and the
-    share of resamples that meet issue 18's target."""
+    share of resamples that meet the warm-start target."""
     def rows(pairs: dict[str, list[tuple[int, int]]]) -> dict[str, list[dict]]:
         return {p: [{"seed": s, "warm_0.95": w, "cold_0.95": c} for s, (w, c) in enumerate(v)]
                 for p, v in pairs.items()}
@@ -236,7 +240,7 @@ def test_command_over_all_ordered_pairs(tmp_path: Path, capsys: pytest.CaptureFi
                  "--strategy", "random", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "| k-A → k-B | 2 |" in text and "| k-B → k-A | 2 |" in text
-    assert "| k | 2 | 2 |" in text and "issue 18 target" in text
+    assert "| k | 2 | 2 |" in text and "warm-start target" in text
     doc = json.loads(out.read_text())
     assert [r["pair"] for r in doc["results"]] == ["k-A → k-B", "k-B → k-A"]
     assert doc["summary"]["pairs"] == 2 and set(doc["summary"]["families"]) == {"k"}
@@ -259,7 +263,8 @@ def test_a_variant_is_judged_against_the_baseline_on_the_same_seeds(
     calls: list[tuple[str, dict[str, object]]] = []
 
     def counting(replay, study, budget, stop_at=None):
-        calls.append((replay.name.split(".")[0], study.strategy.options.as_dict()))
+        calls.append((replay.name.split(".")[0], {**study.strategy.options.as_dict(),
+                                                  **study.strategy.tuning.as_dict()}))
         return drive(replay, study, budget, stop_at)
 
     monkeypatch.setattr(ws, "drive", counting)
@@ -298,3 +303,10 @@ def test_a_variant_is_judged_against_the_baseline_on_the_same_seeds(
     assert main([*base, "--variant", "stall=2"]) == 0
     assert [(name, o["stall"]) for name, o in calls] == [("src", 30), ("tgt", 2), ("tgt", 2)] * 2
     assert "cold runs" not in capsys.readouterr().out.split("### bayes with stall=2")[1].splitlines()[0]
+
+    # A tuning knob, through the development hook a TuningRun has no way to: it reaches the
+    # target's studies, and a warm-only one keeps the baseline's cold runs.
+    calls.clear()
+    assert main([*base, "--variant", "prior_hedge=0"]) == 0
+    assert [(name, o["prior_hedge"], o["initial"]) for name, o in calls] == [("src", 2, 3), ("tgt", 0, 3)] * 2
+    assert "### bayes with prior_hedge=0 (the baseline's cold runs" in capsys.readouterr().out

@@ -266,3 +266,27 @@ def test_the_command_says_what_is_wrong_in_one_line(stored, capsys):
     assert main(["mm", "--format", "t4", "--target", "h100"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("fleettune export: the run has no target 'h100'")
+
+
+@pytest.mark.parametrize("fmt", ["kernel-tuner", "t4"])
+@pytest.mark.parametrize("output", [True, False])
+def test_a_pool_without_results_is_an_error_and_writes_nothing(monkeypatch, tmp_path, capsys, fmt, output):
+    """An empty cache or results file reads as a space never measured; the user asked for
+    results, so say there are none (and where there are some) and leave no file behind."""
+    from fleettune import store
+
+    orin = [record("orin", i, c, Outcome.OK, 1.0 + i) for i, c in enumerate(valid_configs()[:3])]
+    a100 = [record("a100", 9, valid_configs()[0], Outcome.INFRA_ERROR)]
+    run = {"metadata": {"name": "mm", "namespace": "ns", "uid": "u-1"}, "spec": SPEC}
+    monkeypatch.setattr(store, "read_run", lambda name, namespace=None, kubeconfig=None, context=None:
+                        (run, orin + a100, "ns"))
+    out = tmp_path / "mm.json"
+    assert main(["mm", "--format", fmt, *(["-o", str(out)] if output else [])]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    assert captured.err == ("fleettune export: pool a100 has no results to export in round 1 (left out 1 "
+                            "infrastructure failures); pools with results: orin (--target, --size); "
+                            "nothing written\n")
+    monkeypatch.setattr(store, "read_run", lambda *a, **k: (run, [], "ns"))
+    assert main(["mm", "--format", fmt, "--target", "orin"]) == 1
+    assert capsys.readouterr().err == "fleettune export: pool orin has no results to export yet; nothing written\n"

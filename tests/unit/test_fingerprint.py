@@ -186,13 +186,13 @@ def test_device_report_matches_the_node_labels() -> None:
                 "driver_version": "550.54.15", "cuda_runtime_version": "12.4", "memory_mib": 40960}
     assert not is_stale(from_device(reported), node_fingerprint(A100))
     assert is_stale(from_device(reported | {"driver_version": "560.35.03"}), node_fingerprint(A100))
-    model = DeviceReport(**reported, sm_count=108, simulated=True)
+    model = DeviceReport(**reported, sm_count=108, simulated=True, unverified=True)
     assert from_device(model) == from_device(reported)
     status = device_status(model)
     assert isinstance(status, DeviceStatus)
     assert status.dump() == {"product": "NVIDIA A100-PCIE-40GB", "computeCapability": "8.0",
                              "driverVersion": "550.54.15", "cudaRuntimeVersion": "12.4", "simulated": True,
-                             "synthetic": False}
+                             "synthetic": False, "unverified": True}
 
 
 def node(labels: dict[str, str], unschedulable: bool = False) -> tuple[dict[str, str], bool]:

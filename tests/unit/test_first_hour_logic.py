@@ -1,4 +1,4 @@
-"""Pure logic behind issue #21 ("what breaks in the first hour of real use"): bounded text
+"""Pure logic behind what broke in the first hour of real use: bounded text
 and names, the trial policy, publishing only into the run's own ConfigMap, results shards
 unique per run with bounded conflicts, a status that always fits, integer ranges."""
 
@@ -397,6 +397,60 @@ def test_a_refused_publication_is_a_condition_and_degrades_the_run() -> None:
     status = run_status(previous=status, generation=2, phase="Running", targets=[st], results=None, reason="Tuning",
                         message="")
     assert "Published" not in {c.type for c in status.conditions}
+
+
+def test_a_finished_run_whose_configmap_was_not_written_is_not_ready() -> None:
+    """Ready says the run did what its spec asks, publishing included: a tuned run whose
+    ConfigMap was refused is Ready=False (the printer column and `kubectl wait` show it)
+    and Stalled (kstatus: Failed) until the name is freed."""
+    st = target_status(name="a", phase="Succeeded", budget=1, records=[], running=0)
+    refused = (False, "PublishRefused", "spec.publish.configMapName: ConfigMap x exists and is not published")
+
+    def conditions(published: tuple[bool, str, str] | None, previous: Any = None) -> Any:
+        status = run_status(previous=previous, generation=1, phase="Succeeded", targets=[st], results=None,
+                            reason="Tuned", message="", published=published)
+        return status, {c.type: c for c in status.conditions}
+
+    status, cond = conditions(refused)
+    assert (cond["Ready"].status, cond["Ready"].reason, cond["Ready"].message) == ("False", *refused[1:])
+    assert (cond["Stalled"].status, cond["Stalled"].reason) == ("True", "PublishRefused")
+    assert cond["Degraded"].status == "True" and cond["Reconciling"].status == "False"
+    assert status.phase == "Succeeded"  # the tuning itself did succeed
+    # A failed write is retried: not Ready meanwhile, but not Stalled either.
+    _, cond = conditions((False, "PublishFailed", "writing ConfigMap x: 500 boom"))
+    assert (cond["Ready"].status, cond["Ready"].reason) == ("False", "PublishFailed")
+    assert cond["Stalled"].status == "False"
+    # Once the name is freed and written, Ready and no longer Stalled.
+    _, cond = conditions((True, "Published", ""), previous=status)
+    assert (cond["Ready"].status, cond["Ready"].reason) == ("True", "Tuned") and cond["Stalled"].status == "False"
+    _, cond = conditions(None)
+    assert cond["Ready"].status == "True"  # a run that does not publish
+
+
+def test_an_operator_restarted_on_an_unpublished_run_does_not_announce_it_tuned_again() -> None:
+    import logging
+
+    from fleettune.api import TuningRunStatus
+    from fleettune.controller.reporting import Report, Reporter
+
+    st = target_status(name="a", phase="Succeeded", budget=1, records=[], running=0)
+    refused = (False, "PublishRefused", "spec.publish.configMapName: ConfigMap x exists and is not published")
+    before = run_status(previous=None, generation=1, phase="Succeeded", targets=[st], results=None, reason="Tuned",
+                        message="", published=refused)
+    reporter = Reporter(logging.getLogger("test"))
+    reporter.restore(TuningRunStatus.model_validate(before.model_dump(by_alias=True, mode="json")))
+    reporter.status(Report("Succeeded", [st], "Tuned", "", finished=True), previous=before,
+                    body={"metadata": {"name": "r", "generation": 1}}, results={"configMapPrefix": "r"},
+                    published=refused, published_name="x", extra={})
+    assert reporter.take_events() == []
+
+
+def test_kubectl_shows_why_a_run_is_not_ready() -> None:
+    from fleettune.crd import PRINTER_COLUMNS
+
+    paths = {c["name"]: c["jsonPath"] for c in PRINTER_COLUMNS}
+    assert paths["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert paths["Reason"] == '.status.conditions[?(@.type=="Ready")].reason'
 
 
 def test_the_status_is_shrunk_to_fit_beside_a_huge_spec() -> None:

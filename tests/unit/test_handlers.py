@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 import pytest
 
-from fleettune.controller import handlers, kube
+from fleettune.controller import handlers, logfollow
 from fleettune.controller.handlers import OperatorState
 from fleettune.labels import BATCH_LABEL, MANAGED_BY, RUN_LABEL
 
@@ -51,16 +51,19 @@ def test_a_run_wakes_for_spec_and_annotation_changes_not_for_its_own_status_writ
     assert waker.is_set() and "uid-1" not in memo.fleettune.runs_seen
 
 
-def _pod(phase: str, exit_code: int | None) -> dict[str, Any]:
+def _pod(phase: str, exit_code: int | None, disrupted: bool = False) -> dict[str, Any]:
     state = {"terminated": {"exitCode": exit_code}} if exit_code is not None else {"running": {}}
+    conditions = [{"type": "DisruptionTarget", "status": "True"}] if disrupted else []
     return {"metadata": {"name": "p", "namespace": "ns", "labels": {MANAGED_BY: "fleettune", RUN_LABEL: "run"},
                          "ownerReferences": [{"kind": "Job", "name": "run-a100-0001", "uid": "job-uid"}]},
-            "status": {"phase": phase, "containerStatuses": [{"name": "trial", "state": state}]}}
+            "status": {"phase": phase, "conditions": conditions,
+                       "containerStatuses": [{"name": "trial", "state": state}]}}
 
 
 def test_a_run_wakes_when_one_of_its_trial_pods_ends_decisively(waker: Any, memo: kopf.Memo) -> None:
     labels = {MANAGED_BY: "fleettune", RUN_LABEL: "run"}
-    for pod, wakes in ((_pod("Running", None), False), (_pod("Failed", 137), False), (_pod("Succeeded", 0), True)):
+    for pod, wakes in ((_pod("Running", None), False), (_pod("Failed", 137, disrupted=True), False),
+                       (_pod("Succeeded", 0), True)):
         asyncio.run(handlers.pod_event(event={"type": "MODIFIED", "object": pod}, namespace="ns", labels=labels,
                                        memo=memo))
         assert waker.is_set() == wakes
@@ -156,12 +159,12 @@ def test_a_running_batch_pods_answers_are_read_and_wake_its_run(waker: Any, memo
 @pytest.mark.parametrize(("raw", "expected"), [("", 64), ("0", 0), ("8", 8)])
 def test_how_many_logs_are_read_comes_from_the_operators_environment(monkeypatch: pytest.MonkeyPatch, raw: str,
                                                                      expected: int) -> None:
-    monkeypatch.setenv(kube.FOLLOW_ANSWERS_ENV, raw)
-    assert kube.follow_answers_from_env() == expected
+    monkeypatch.setenv(logfollow.FOLLOW_ANSWERS_ENV, raw)
+    assert logfollow.follow_answers_from_env() == expected
 
 
 @pytest.mark.parametrize("raw", ["-1", "many", "2.5"])
 def test_a_bad_number_of_logs_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv(kube.FOLLOW_ANSWERS_ENV, raw)
-    with pytest.raises(ValueError, match=f"^{kube.FOLLOW_ANSWERS_ENV}="):
-        kube.follow_answers_from_env()
+    monkeypatch.setenv(logfollow.FOLLOW_ANSWERS_ENV, raw)
+    with pytest.raises(ValueError, match=f"^{logfollow.FOLLOW_ANSWERS_ENV}="):
+        logfollow.follow_answers_from_env()

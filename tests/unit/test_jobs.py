@@ -5,9 +5,9 @@ import pytest
 import yaml
 
 from fleettune.api import TargetSpec, TuningRunSpec
-from fleettune.jobs import job_name, render_job, work_of
-from fleettune.labels import RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
-from fleettune_job.protocol import INVALID_CONFIG_EXIT_CODES, TRIAL_ENV, Trial
+from fleettune.jobs import entries_of, from_earlier_version, job_name, render_job, work_of
+from fleettune.labels import BATCH_LABEL, RUN_LABEL, TARGET_LABEL, TRIAL_LABEL
+from fleettune_job.protocol import TRIAL_ENV, Batch
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = TuningRunSpec.model_validate(
@@ -19,7 +19,7 @@ CONFIG = {"block_size_x": 32, "block_size_y": 4}
 def _render(target_index=0, index=7):
     return render_job(
         run="conv", namespace="ns", uid="uid-1", spec=SPEC, target=SPEC.targets[target_index],
-        index=index, config=CONFIG, config_key="32,4",
+        index=index, configs=[(CONFIG, "32,4")],
     )
 
 
@@ -39,20 +39,24 @@ def test_long_names_stay_valid_and_distinct():
 
 
 def test_job_spec_follows_the_trial_contract():
-    spec = _render()["spec"]
+    job = _render()
+    spec = job["spec"]
     assert spec["activeDeadlineSeconds"] > SPEC.budget.trial_timeout_seconds
-    assert spec["backoffLimit"] == SPEC.job_template.backoff_limit
-    rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0]["action"] == "FailJob" and rules[0]["onExitCodes"]["values"] == INVALID_CONFIG_EXIT_CODES
-    assert rules[1] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # One configuration is a batch of one: never retried by the Job controller (an invalid
+    # configuration is an answer, costs no retry), but a disruption is no failure.
+    assert spec["backoffLimit"] == 0
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    assert job["metadata"]["labels"][BATCH_LABEL] == "true" == spec["template"]["metadata"]["labels"][BATCH_LABEL]
+    assert not from_earlier_version(job)
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-PCIE-40GB"}
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     env = {e["name"]: e["value"] for e in container["env"]}
-    trial = Trial.from_env(env[TRIAL_ENV])
-    assert trial.config == CONFIG and trial.index == 7 and trial.kernel.builtin == "convolution"
+    batch = Batch.from_env(env[TRIAL_ENV])
+    assert [(e.index, e.config) for e in batch.entries] == [(7, CONFIG)] and batch.kernel.builtin == "convolution"
 
 
 def test_pods_are_non_root_read_only_without_escalation():
@@ -75,8 +79,7 @@ def test_a_target_may_opt_out_of_the_restricted_context_only_where_the_operator_
     target = SPEC.targets[0].model_copy(update={"allow_privileged": True})
 
     def container():
-        job = render_job(run="c", namespace="n", uid="u", spec=SPEC, target=target, index=0, config={},
-                         config_key="")
+        job = render_job(run="c", namespace="n", uid="u", spec=SPEC, target=target, index=0, configs=[({}, "")])
         return job["spec"]["template"]["spec"]["containers"][0]
 
     monkeypatch.setenv("FLEETTUNE_ALLOW_PRIVILEGED_TRIALS", "true")
@@ -94,7 +97,7 @@ def test_long_run_names_give_valid_unique_labels_and_job_names():
     long_a, long_b = "r" * 200 + "a", "r" * 200 + "b"
     for run in (long_a, long_b, "x" * 63, "a." * 40 + "z"):
         meta = render_job(run=run, namespace="n", uid="u", spec=SPEC, target=SPEC.targets[0], index=12345,
-                          config={}, config_key="")["metadata"]
+                          configs=[({}, "")])["metadata"]
         label = meta["labels"][RUN_LABEL]
         assert label == run_label(run) and len(label) <= 63
         assert re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", label)
@@ -115,22 +118,21 @@ def test_one_size_of_several_is_labelled_named_and_sent_with_its_size():
     assert key == "a100.2048x2048" and target_of_key(key) == "a100"
     assert pool_key("a100", (2048, 2048), several=False) == "a100" == target_of_key("a100")
     job = render_job(
-        run="conv", namespace="ns", uid="uid-1", spec=SPEC, target=SPEC.targets[0], index=3, config=CONFIG,
-        config_key="32,4", key=key, problem_size=(2048, 2048),
+        run="conv", namespace="ns", uid="uid-1", spec=SPEC, target=SPEC.targets[0], index=3,
+        configs=[(CONFIG, "32,4")], key=key, problem_size=(2048, 2048),
     )
     assert job["metadata"]["name"] == "conv-a100.2048x2048-0003"
     assert job["metadata"]["labels"][TARGET_LABEL] == key == job["spec"]["template"]["metadata"]["labels"][TARGET_LABEL]
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
-    trial = Trial.from_env(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
-    assert trial.target == key and trial.problem_size == [2048, 2048]
+    batch = Batch.from_env(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
+    assert batch.target == key and batch.problem_size == [2048, 2048]
     # Without a size, the kernel's own.
-    assert Trial.from_env(next(e["value"] for e in _render()["spec"]["template"]["spec"]["containers"][0]["env"]
-                               if e["name"] == TRIAL_ENV)).problem_size == SPEC.kernel.problem_size
+    assert work_of(_render()).problem_size == SPEC.kernel.problem_size
 
 
 def _pod(target=None, spec=SPEC, policy=None):
     job = render_job(run="c", namespace="n", uid="u", spec=spec, target=target or spec.targets[0], index=0,
-                     config={}, config_key="", policy=policy)
+                     configs=[({}, "")], policy=policy)
     return job["spec"]["template"]["spec"]
 
 
@@ -200,19 +202,20 @@ def test_affinity_and_tolerations_reach_the_pod_as_written():
 def test_a_batch_job_carries_its_trials_and_is_never_retried_by_the_job_controller():
     import json
 
-    from fleettune.jobs import entries_of
-    from fleettune.labels import CONFIG_KEYS_ANNOTATION, TRIAL_LABEL
-    from fleettune_job.protocol import Batch
+    from fleettune.labels import CONFIG_KEYS_ANNOTATION
 
     spec = SPEC
     configs = [{"block_size_x": 16 * (n + 1)} for n in range(3)]
     job = render_job(run="conv", namespace="ns", uid="u", spec=spec, target=spec.targets[0], index=7,
-                     config=configs[0], config_key="k0", batch=[(configs[1], "k1"), (configs[2], "k2")])
+                     configs=[(configs[0], "k0"), (configs[1], "k1"), (configs[2], "k2")])
     assert entries_of(job) == [(7, configs[0]), (8, configs[1]), (9, configs[2])]
     assert job["metadata"]["labels"][TRIAL_LABEL] == "7"
     assert json.loads(job["metadata"]["annotations"][CONFIG_KEYS_ANNOTATION]) == ["k0", "k1", "k2"]
-    assert job["spec"]["backoffLimit"] == 0 and "podFailurePolicy" not in job["spec"]
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["podFailurePolicy"] == _render()["spec"]["podFailurePolicy"]
     assert job["spec"]["activeDeadlineSeconds"] == 4 * spec.budget.trial_timeout_seconds + 120
+    assert _render()["spec"]["activeDeadlineSeconds"] == 2 * spec.budget.trial_timeout_seconds + 120
+    with pytest.raises(ValueError, match="at least one configuration"):
+        render_job(run="conv", namespace="ns", uid="u", spec=spec, target=spec.targets[0], index=7, configs=[])
     env = job["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]
     assert Batch.model_validate_json(env).timeout_s == spec.budget.trial_timeout_seconds
 
@@ -224,8 +227,8 @@ def test_the_queue_is_the_targets_the_runs_or_the_operators_default_and_a_bad_de
     from fleettune.labels import QUEUE_NAME_LABEL
 
     def queue_of(spec, target, policy):
-        job = render_job(run="conv", namespace="ns", uid="u", spec=spec, target=target, index=0, config=CONFIG,
-                         config_key="k", policy=policy)
+        job = render_job(run="conv", namespace="ns", uid="u", spec=spec, target=target, index=0,
+                         configs=[(CONFIG, "k")], policy=policy)
         return job["metadata"]["labels"].get(QUEUE_NAME_LABEL), job["spec"].get("suspend")
 
     doc = SPEC.model_dump(by_alias=True, exclude_none=True)
@@ -245,8 +248,21 @@ def test_the_queue_is_the_targets_the_runs_or_the_operators_default_and_a_bad_de
 def test_a_jobs_work_is_read_back_as_rendered_and_parsed_once():
     body = _render(index=7)
     first = work_of(body)
-    assert first.index == 7 and first.config == CONFIG
+    assert [(e.index, e.config) for e in first.entries] == [(7, CONFIG)]
     assert work_of(copy.deepcopy(body)) is first  # the same text: not parsed again
+
+
+def test_a_one_configuration_job_of_an_earlier_version_is_told_and_its_configuration_read():
+    # As the operator rendered a Job of one configuration before every Job was a batch: a
+    # `Trial` document, no batch label. Still running after an upgrade, it is deleted and its
+    # configuration measured again (`controller.plan`): it must be readable for that.
+    old = _render(index=5)
+    trial = Batch.from_env(old["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"]).trials()[0]
+    old["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = trial.model_dump_json(exclude_none=True)
+    for labels in (old["metadata"]["labels"], old["spec"]["template"]["metadata"]["labels"]):
+        del labels[BATCH_LABEL]
+    assert from_earlier_version(old)
+    assert entries_of(old) == [(5, CONFIG)]
 
 
 @pytest.mark.parametrize(("factor", "best_ms", "expected"), [

@@ -157,7 +157,7 @@ def test_background_delete_hides_the_job_at_once_and_a_failed_one_comes_back() -
     k.list_jobs("ns", SEL_A)
     k.delete_job("ns", "j")
     assert k.list_jobs("ns", SEL_A) == []
-    k._deleter.shutdown(wait=True)  # type: ignore[union-attr]
+    k.deleter.shutdown(wait=True)  # type: ignore[union-attr]
     assert "j" not in fake.jobs
 
     def refuse(*_: Any, **__: Any) -> None:
@@ -169,7 +169,7 @@ def test_background_delete_hides_the_job_at_once_and_a_failed_one_comes_back() -
     k = Kube(api=object(), job_cache=cache, background_deletes=True)  # type: ignore[arg-type]
     k.__dict__["batch"] = fake
     k.delete_job("ns", "k")
-    k._deleter.shutdown(wait=True)  # type: ignore[union-attr]
+    k.deleter.shutdown(wait=True)  # type: ignore[union-attr]
     assert names(k.list_jobs("ns", SEL_A)) == ["k"]  # back, from a real list: its run deletes it again
 
 
@@ -193,11 +193,13 @@ def test_pods_of_a_cached_job_are_listed_no_older_than_the_job() -> None:
 
 
 def trial_pod(job_uid: str, phase: str = "Succeeded", exit_code: int | None = 0, ns: str = "ns",
-              batch: bool = False) -> dict[str, Any]:
+              disrupted: bool = False) -> dict[str, Any]:
     state = {"terminated": {"exitCode": exit_code}} if exit_code is not None else {"running": {}}
-    return {"metadata": {"name": f"pod-{job_uid}", "namespace": ns, "labels": {BATCH_LABEL: "true"} if batch else {},
+    conditions = [{"type": "DisruptionTarget", "status": "True"}] if disrupted else []
+    return {"metadata": {"name": f"pod-{job_uid}", "namespace": ns, "labels": {BATCH_LABEL: "true"},
                          "ownerReferences": [{"kind": "Job", "name": "j", "uid": job_uid}]},
-            "status": {"phase": phase, "containerStatuses": [{"name": "trial", "state": state}]}}
+            "status": {"phase": phase, "conditions": conditions,
+                       "containerStatuses": [{"name": "trial", "state": state}]}}
 
 
 def test_ended_pods_hold_decisive_ends_by_job_uid_until_their_job_is_deleted() -> None:
@@ -205,7 +207,7 @@ def test_ended_pods_hold_decisive_ends_by_job_uid_until_their_job_is_deleted() -
     k = Kube(api=object(), ended_pods=ended)  # type: ignore[arg-type]
     the_job = job("j", uid="u1")
     assert not ended.observe("MODIFIED", trial_pod("u1", "Running", None))  # still running
-    assert not ended.observe("MODIFIED", trial_pod("u1", "Failed", 137))  # the Job may retry it
+    assert not ended.observe("MODIFIED", trial_pod("u1", "Failed", 137, disrupted=True))  # the Job starts another
     assert k.ended_pod("ns", the_job) is None
     assert ended.observe("MODIFIED", trial_pod("u1"))  # wakes the run once...
     assert not ended.observe("MODIFIED", trial_pod("u1"))  # ...not again
@@ -230,17 +232,17 @@ def test_ended_pods_hold_decisive_ends_by_job_uid_until_their_job_is_deleted() -
     assert Kube(api=object()).ended_pod("ns", the_job) is None  # type: ignore[arg-type]
 
 
-def test_any_end_of_a_batch_pod_is_final_and_kept_after_the_pod_is_deleted() -> None:
+def test_any_end_of_a_trial_pod_but_a_disruption_is_final_and_kept_after_the_pod_is_deleted() -> None:
     ended = EndedPods()
-    # Evicted mid-batch: the job wrote what it finished and exited 20 (SIGTERM) or was
+    # Deleted mid-batch: the job wrote what it finished and exited 20 (SIGTERM) or was
     # killed (137). Its Job (backoffLimit 0) is never retried, so that end is the verdict.
-    assert not ended.observe("MODIFIED", trial_pod("b1", "Running", None, batch=True))
-    assert ended.observe("MODIFIED", trial_pod("b1", "Failed", 20, batch=True))
-    assert not ended.observe("DELETED", trial_pod("b1", "Failed", 20, batch=True))
+    assert not ended.observe("MODIFIED", trial_pod("b1", "Running", None))
+    assert ended.observe("MODIFIED", trial_pod("b1", "Failed", 20))
+    assert not ended.observe("DELETED", trial_pod("b1", "Failed", 20))
     assert ended.get("ns", "b1") is not None
-    assert ended.observe("DELETED", trial_pod("b2", "Failed", 137, batch=True))  # only its deletion was seen
-    # A single-trial Pod killed the same way may be retried by its Job: not final.
-    assert not ended.observe("MODIFIED", trial_pod("s1", "Failed", 137))
+    assert ended.observe("DELETED", trial_pod("b2", "Failed", 137))  # only its deletion was seen
+    # Evicted, preempted, its node drained: its Job's pod failure policy starts another Pod.
+    assert not ended.observe("DELETED", trial_pod("s1", "Failed", 137, disrupted=True))
 
 
 def _running_batch(phase: str = "Running", running: bool = True, batch: bool = True) -> dict[str, Any]:
@@ -252,7 +254,7 @@ def _running_batch(phase: str = "Running", running: bool = True, batch: bool = T
 
 def test_only_a_running_batch_pods_log_carries_answers() -> None:
     assert answers_in_log(_running_batch())
-    assert not answers_in_log(_running_batch(batch=False))  # one configuration: its end is its answer
+    assert not answers_in_log(_running_batch(batch=False))  # a Job of an earlier version: its end is its answer
     assert not answers_in_log(_running_batch(phase="Pending", running=False))
     assert not answers_in_log(_running_batch(running=False))
 

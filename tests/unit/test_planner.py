@@ -191,7 +191,8 @@ def test_infrastructure_failures_fail_the_pool_with_the_last_cause_and_record_no
     report = f.run()
     assert (report.phase, report.reason) == ("Failed", "AllTargetsFailed")
     t = f.target()
-    assert t["message"].startswith("3 infrastructure failures (budget.maxInfraFailures=2)")
+    assert t["message"].startswith("3 trial Pods lost to the infrastructure (budget.maxInfraFailures=2), "
+                                   f"{t['infraFailed']} trials unmeasured")
     assert t["message"].endswith("the last: node lost")
     assert not any(r.is_observation for r in f.records_of())
 
@@ -312,3 +313,23 @@ def test_a_warm_start_file_that_cannot_be_read_names_the_field_and_only_listed_t
     f.step()
     study = f.planner.pools["a100"].study
     assert study is not None and study.n_prior == 0
+
+
+def test_a_finished_pool_keeps_no_study_and_builds_none_again() -> None:
+    """A finished run's loop lives until the run is deleted: a study (its candidate set,
+    tens of MiB for a large space) kept per finished pool grew the operator with every run."""
+    f = fleet()
+    assert f.run().phase == "Succeeded"
+    pool = f.planner.pools["a100"]
+    assert pool.study is None and pool.space is not None  # the space still serves predictions
+    for _ in range(3):
+        f.advance(300)
+        assert f.step().finished and f.planner.pools["a100"].study is None
+    # After a restart, a finished pool's search is built once (its space), and its study dropped again.
+    f.planner = f.new_planner()
+    f.step()
+    assert f.planner.pools["a100"].space is not None and f.planner.pools["a100"].study is None
+    f.edit(budget={**SPEC["budget"], "trialsPerTarget": 16})  # a larger budget: a study again
+    f.step()
+    assert f.planner.pools["a100"].study is not None
+    assert f.run().phase == "Succeeded" and f.target()["completed"] == 16

@@ -62,11 +62,26 @@ def test_strategy_options_zero_only_where_it_switches_a_behaviour_off():
     def spec(**options) -> TuningRunSpec:
         return SPEC.model_copy(update={"strategy": SPEC.strategy.model_copy(update={"options": options})})
 
-    check_options(spec(prior_patience=0, stall=0, prior_paths=0, prior_top=2))
+    check_options(spec(prior_patience=0, stall=0, min_gain=0, prior_top=2))
     with pytest.raises(SpecError, match=r"spec.strategy.options.prior_top: expected an integer >= 1, got 0"):
         check_options(spec(prior_top=0))
     with pytest.raises(SpecError, match=r"spec.strategy.options.prior_patience: expected an integer >= 0, got -1"):
         check_options(spec(prior_patience=-1))
+
+
+def test_a_former_strategy_option_is_refused_naming_it_and_what_replaced_it():
+    from fleettune.controller.spec import SpecError, check_options
+
+    def spec(**options) -> TuningRunSpec:
+        return SPEC.model_copy(update={"strategy": SPEC.strategy.model_copy(update={"options": options})})
+
+    with pytest.raises(SpecError, match=r'^spec.strategy.options.transform: no longer an option: it is now fixed at '
+                       r'"log"; ') as err:
+        check_options(spec(initial=4, transform="copula"))
+    assert err.value.reason == "InvalidSpec"
+    with pytest.raises(SpecError, match=r"^spec.strategy.options.prior_paths: no longer an option: it is now fixed "
+                       r"at 3$"):
+        check_options(spec(prior_paths=0))
 
 
 def test_a_pools_records_by_target_are_those_a_scan_finds_in_order():

@@ -144,3 +144,32 @@ def test_check_against_reports_failures(tmp_path: Path) -> None:
     _write_cache(tmp_path / "k.json.gz", (1024, 1024))
     bad = {"block_size_x": 512, "tile": 4, "unroll": False}
     assert check_against(SPACE, bad, str(tmp_path / "k.json.gz"))["fractionOfOptimum"] == 0.0
+
+
+def _stated_factors(basis: str) -> tuple[float, list[float], float, float]:
+    """(base ms, the factors after it, the stated result in ms, the stated ratio)."""
+    import re
+
+    head = basis.split(";")[-1] if basis.startswith("only one") else basis.split(";")[0]
+    base = float(re.match(r"\s*([\d.e+-]+) ms at ", head).group(1))
+    factors = [float(f) for f in re.findall(r"× ([\d.e+-]+) \(", head)]
+    total_ms, ratio = re.search(r"= ([\d.e+-]+) ms \(([\d.e+-]+)×\)", head).groups()
+    return base, factors, float(total_ms), float(ratio)
+
+
+@pytest.mark.parametrize("query", [(512, 512), (2048, 4096), (8192, 8192)])
+def test_the_basis_states_every_factor_the_prediction_applies(query: tuple[int, int]) -> None:
+    """The stated factors multiply to the predicted time: a volume factor alone (4× the
+    volume at ^0.82 = 3.1×) beside a 6.2× prediction hides the rest."""
+    for tuned in ([(256, 256), (1024, 1024), (4096, 4096)], [(1024, 1024)]):
+        by_size = records(tuned, k=25 if len(tuned) > 1 else None)
+        # Times off the fitted line, so the fit's offset from the nearest best is not 1.
+        by_size[tuned[-1]] = [(c, t * 1.3 if t else t) for c, t in by_size[tuned[-1]]]
+        rec = recommend(SPACE, by_size, query)
+        base, factors, total_ms, ratio = _stated_factors(rec.basis)
+        assert len(factors) == 3, rec.basis
+        assert base * math.prod(factors) == pytest.approx(rec.predicted_ms, rel=0.01), rec.basis
+        assert math.prod(factors) == pytest.approx(ratio, rel=0.01)
+        assert total_ms == pytest.approx(rec.predicted_ms, rel=0.001)
+        if len(tuned) > 1:
+            assert "GP over" in rec.basis and "3 tuned sizes" in rec.basis and len(rec.basis) <= 400

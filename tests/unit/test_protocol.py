@@ -4,10 +4,12 @@ import pytest
 
 from fleettune_job.protocol import (
     ANSWER_PREFIX,
-    EXIT_CODES,
-    INVALID_CONFIG_EXIT_CODES,
+    EXIT_ANSWERED,
+    EXIT_STOPPED_EARLY,
     MAX_MESSAGE_BYTES,
     Answer,
+    Batch,
+    BatchResult,
     Fingerprint,
     KernelRef,
     Outcome,
@@ -23,7 +25,6 @@ def test_result_round_trip_keeps_every_field():
         outcome=Outcome.OK, objective=0.55, times=[0.55, 0.56], fingerprint=Fingerprint(product="A100"), compile_s=0.9
     )
     assert decode(res.encode()) == res
-    assert res.exit_code == 0
 
 
 def test_oversized_error_is_trimmed_to_fit_but_verdict_kept():
@@ -54,25 +55,24 @@ def test_bad_messages_raise_protocol_error(message, fragment):
         decode(message)
 
 
-def test_exit_codes_split_invalid_configurations_from_infrastructure():
-    assert EXIT_CODES[Outcome.INFRA_ERROR] not in INVALID_CONFIG_EXIT_CODES
-    assert EXIT_CODES[Outcome.OK] not in INVALID_CONFIG_EXIT_CODES
-    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES)
-    assert all(o.is_invalid_configuration == (EXIT_CODES[o] in INVALID_CONFIG_EXIT_CODES) for o in Outcome)
+def test_an_invalid_configuration_is_an_answer_not_an_exit_code():
+    # Only whether every configuration was answered shows in the exit code: an invalid one's
+    # verdict is in the message, and ends nothing.
+    invalid = Answer.of(3, TrialResult(outcome=Outcome.COMPILE_ERROR, error="too many registers"))
+    assert BatchResult(answers=[invalid], done=True).exit_code == EXIT_ANSWERED == 0
+    assert BatchResult(answers=[invalid], error="no GPU").exit_code == EXIT_STOPPED_EARLY == 20
 
 
-def test_trial_env_round_trip():
-    trial = Trial(
-        run="r", target="a100", index=3, kernel=KernelRef(builtin="convolution"),
-        config={"block_size_x": 32}, problem_size=[4096, 4096],
-    )
-    assert Trial.from_env(trial.to_env()) == trial
+def test_batch_env_round_trip():
+    batch = Batch(run="r", target="a100", kernel=KernelRef(builtin="convolution"), problem_size=[4096, 4096],
+                  entries=[{"index": 3, "config": {"block_size_x": 32}}])
+    assert Batch.from_env(batch.to_env()) == batch
+    assert batch.trials() == [Trial(run="r", target="a100", index=3, kernel=KernelRef(builtin="convolution"),
+                                    config={"block_size_x": 32}, problem_size=[4096, 4096])]
 
 
 def test_a_batchs_pruning_cutoff_reaches_each_trial_and_must_be_positive():
     from pydantic import ValidationError
-
-    from fleettune_job.protocol import Batch
 
     batch = Batch(run="r", target="a100", kernel=KernelRef(builtin="convolution"), problem_size=[64],
                   entries=[{"index": 1, "config": {}}, {"index": 2, "config": {}}], prune_above_ms=2.5)

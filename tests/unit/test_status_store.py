@@ -91,6 +91,7 @@ def test_status_stays_small_at_the_spec_limits_on_sizes_and_predictions():
     import json
 
     from fleettune.api import MAX_PREDICTIONS, MAX_TUNED_TARGETS
+    from fleettune.controller.reporting import BASIS_MAX
 
     config = {f"parameter_{i}": 1024 + i for i in range(10)}
     records = [TrialRecord(target="t", index=i, config=config, key=str(i), outcome=Outcome.OK, objective=1.5 + i)
@@ -105,7 +106,7 @@ def test_status_stays_small_at_the_spec_limits_on_sizes_and_predictions():
         for i in range(MAX_TUNED_TARGETS)
     ]
     predictions = [{"target": "pool-with-long-name00", "problemSize": [8192, 8192, 8192], "config": config,
-                    "predictedMs": 12.345678, "basis": "b" * 200}] * MAX_PREDICTIONS
+                    "predictedMs": 12.345678, "basis": "b" * BASIS_MAX}] * MAX_PREDICTIONS
     status = run_status(previous=None, generation=1, phase="Running", targets=targets,
                         results={"configMapPrefix": "r" * 60, "shards": 4, "records": 2000 * MAX_TUNED_TARGETS},
                         reason="Tuning", message="x" * 500, extra={"predictions": predictions})

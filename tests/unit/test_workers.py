@@ -1,4 +1,4 @@
-"""The worker clusters the operator reads MultiKueue-dispatched trials from (docs/kueue.md)."""
+"""The worker clusters the operator reads MultiKueue-dispatched trials from (docs/operations/multikueue.md)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def test_a_workers_ended_trial_pod_is_kept_by_job_name_until_forgotten() -> None
 
     kept = EndedPods(key=job_name_of)
     assert not kept.observe(None, pod("Running", None)) and kept.get("ns", "conv-a100-0003") is None
-    assert not kept.observe(None, pod("Failed", 137))  # not decisive for a one-configuration trial: the Job may retry
-    assert kept.observe(None, pod("Succeeded", 0)) and not kept.observe(None, pod("Succeeded", 0))
-    assert kept.get("ns", "conv-a100-0003")["status"]["phase"] == "Succeeded"
+    # A trial Job is never retried: any end but a disruption's is final, and kept once.
+    assert kept.observe(None, pod("Failed", 137)) and not kept.observe(None, pod("Failed", 137))
+    assert kept.get("ns", "conv-a100-0003")["status"]["phase"] == "Failed"
     kept.job_deleted("ns", "conv-a100-0003")
     assert kept.get("ns", "conv-a100-0003") is None

@@ -111,10 +111,10 @@ helm.sh/chart: {{ include "fleettune.chart" . }}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, update]
-# kopf posts warnings as Events.
+# kopf posts warnings as Events; the operator counts a repeated one on its Event (patch).
 - apiGroups: ["", events.k8s.io]
   resources: [events]
-  verbs: [create]
+  verbs: [create, patch]
 {{- if .Values.peering.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

@@ -1,7 +1,7 @@
 """Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job ...` (they print tables).
 
-What each measures, its targets and how to run it: docs/bench-space.md, bench-strategy.md,
-bench-warmstart.md, bench-load.md, memory.md, bench-timeline.md and bench-job.md.
+What each measures, its targets, its data and how to run it: docs/benchmarks.md; every flag:
+docs/reference/cli.md.
 """
 
 from __future__ import annotations

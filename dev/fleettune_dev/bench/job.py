@@ -9,18 +9,18 @@ configurations from a recording whose parameters are a built-in kernel's
 * **batch**: measures them as one batch Pod measures them (``run_batch``: one CUDA worker,
   NVRTC compiles ahead on the CPU cores), timing the whole batch from the supervisor's
   start to its last answer: the Pod holds the GPU for all of it;
-* **single**: measures the first few as today's one-configuration Pods do (``supervise``:
-  a fresh worker, interpreter and CUDA context per configuration);
+* **single**: measures the first few as Pods of one configuration do (``run_batch`` of a
+  batch of one each: a fresh worker, interpreter and CUDA context per configuration);
 * **start-up**: a fresh interpreter importing cupy and creating a CUDA context;
 * **kernel_tuner**: Kernel Tuner 1.x (``brute_force`` over exactly those configurations,
   cupy backend) on the same ``.cu`` file, its recorded compile, verification, benchmark
   and framework times per configuration and its wall-clock.
 
-It prints GPU-seconds per evaluation for each, issue #17's bound on hardware (fleettune's
+It prints GPU-seconds per evaluation for each, and the bound on hardware (fleettune's
 GPU-seconds per evaluation against 1.25 × Kernel Tuner's verification + benchmark time
 plus the measured start-up spread over the batch), and how well the two tools agree
 (outcome per configuration; Spearman's rank correlation of the times). Needs an NVIDIA
-GPU with cupy; elsewhere it says why and exits 2. Results: docs/bench-job.md.
+GPU with cupy; elsewhere it says why and exits 2. Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 # The recorded spaces whose parameters are exactly a built-in kernel's (recording kernel
 # family -> built-in name); other recordings have no source here to run.
 BUILTIN_OF_FAMILY = {"convolution_milo": "convolution"}
-BOUND_FACTOR = 1.25  # issue #17: GPU-seconds per evaluation <= 1.25 x (verification + benchmark) + start-up share
+BOUND_FACTOR = 1.25  # target: GPU-seconds per evaluation <= 1.25 x (verification + benchmark) + start-up share
 STARTUP_PROBE = (
     "import time; t = time.perf_counter(); import cupy; cupy.cuda.runtime.getDeviceCount(); "
     "cupy.zeros(1).sum().item(); print(time.perf_counter() - t)"
@@ -147,18 +147,27 @@ def run_fleettune_batch(builtin: str, configs: list[dict[str, Any]], problem_siz
 
 def run_fleettune_single(builtin: str, configs: list[dict[str, Any]], problem_size: list[int], warmups: int,
                          repeats: int) -> tuple[list[Measured], list[float]]:
-    from fleettune_job.entrypoint import supervise
-    from fleettune_job.protocol import KernelRef, Trial
+    import tempfile
+
+    from fleettune_job.ahead import AheadOptions
+    from fleettune_job.batch import run_batch
+    from fleettune_job.protocol import Batch, Entry, KernelRef
 
     out, walls = [], []
-    for i, config in enumerate(configs):
-        trial = Trial(run="bench-job", target="local", index=i, kernel=KernelRef(builtin=builtin), config=config,
-                      problem_size=problem_size, warmups=warmups, repeats=repeats)
-        start = time.perf_counter()
-        r = supervise(trial, extra_env=_job_env())
-        walls.append(time.perf_counter() - start)
-        out.append(Measured(config, ok=r.outcome.value == "ok", time_ms=r.objective, compile_s=r.compile_s or 0.0,
-                            gpu_s=r.run_s or 0.0, detail="" if r.outcome.value == "ok" else r.outcome.value))
+    with tempfile.TemporaryDirectory(prefix="bench-job-") as tmp:
+        for i, config in enumerate(configs):
+            one = Batch(run="bench-job", target="local", kernel=KernelRef(builtin=builtin), problem_size=problem_size,
+                        warmups=warmups, repeats=repeats, entries=[Entry(index=i, config=config)])
+            start = time.perf_counter()
+            result = run_batch(one, Path(tmp) / f"termination-log-{i}", extra_env=_job_env(),
+                               ahead=AheadOptions.from_environment(os.environ))
+            walls.append(time.perf_counter() - start)
+            if not result.answers:
+                out.append(Measured(config, ok=False, detail=f"no answer: {result.error[:120]}"))
+                continue
+            a = result.answers[0]
+            out.append(Measured(config, ok=a.o.value == "ok", time_ms=a.t, compile_s=a.c or 0.0, gpu_s=a.r or 0.0,
+                                detail="" if a.o.value == "ok" else a.o.value))
     return out, walls
 
 
@@ -276,7 +285,7 @@ def format_summary(s: Mapping[str, Any], single_walls: Sequence[float], device: 
             f"Kernel Tuner: {s['kt_wall_s']:.2f} s wall, {s['kt_s_per_eval']:.3f} s per evaluation, of it "
             f"{s['kt_gpu_s_per_eval']:.3f} s verification + benchmark, compile median {s['kt_compile_s_median']:.2f} s",
             f"wall-clock, batch / Kernel Tuner: {s['wall_ratio_batch_to_kt']:.2f}",
-            f"target (#17): GPU-s per evaluation {s['batch_gpu_s_per_eval']:.3f} ≤ {BOUND_FACTOR} × "
+            f"target: GPU-s per evaluation {s['batch_gpu_s_per_eval']:.3f} ≤ {BOUND_FACTOR} × "
             f"{s['kt_gpu_s_per_eval']:.3f} + start-up / {s['configs']} = {s['bound_s_per_eval']:.3f}: "
             + ("met" if s["bound_met"] else "MISSED"),
             f"agreement: Spearman {s['spearman_batch_vs_kt']:.3f} of the times, median time ratio "

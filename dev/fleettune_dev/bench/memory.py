@@ -23,7 +23,12 @@ Scenarios, each importing what the operator imports (``fleettune.controller.hand
   multiprocessor count gives each of the three pools a different valid set;
 * ``huge-24``: the largest run, 24 (pool, size) targets: ``huge`` on 3 pools x 8 problem
   sizes, every study alive at the end (a finished target keeps its study);
-* ``sampled``: 10^8 valid configurations: a Study of the 200 000-configuration sample.
+* ``sampled``: 10^8 valid configurations: a Study of the 200 000-configuration sample;
+* ``finished-runs``: ``--runs`` runs one after another, each its own kernel (a space like
+  ``huge``'s, no candidate set shared), one pool tuned ``--rounds`` observations, finished
+  and kept as the operator keeps a finished run until it is deleted (its pools, through
+  the planner's ``drop_finished_studies``; ``--keep-studies``: as before that, with their
+  studies): the resident set after each run says whether the operator grows with runs.
 
 Studies are driven as the controller drives them (``suggest(n, pending)`` with up to
 ``--parallelism`` trials in flight, ``observe(config, outcome, objective, times)`` for the
@@ -56,8 +61,9 @@ SCENARIOS: dict[str, tuple[str | None, int, int]] = {
     "huge-3": ("huge", 3, 1),
     "huge-24": ("huge", 3, 8),
     "sampled": ("sampled", 1, 1),
+    "finished-runs": ("huge", 1, 1),
 }
-DEFAULT_SCENARIOS = tuple(SCENARIOS)
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s != "finished-runs")
 PRODUCTS = ("NVIDIA A100-PCIE-40GB", "NVIDIA RTX A4000", "Jetson AGX Orin")  # the demo fleet's pools
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "convolution-fleet.yaml"
 MIB = 1 << 20
@@ -194,7 +200,57 @@ def synthetic_answer(space: Any, config: dict[str, Any]) -> tuple[Any, float | N
 # -- one scenario (in a child process) ---------------------------------------------------
 
 
-def run_scenario(name: str, rounds: int, parallelism: int, strategy: str, threads: int) -> dict[str, Any]:
+def _drive(study: Any, rounds: int, parallelism: int, suggest_s: list[float] | None = None) -> None:
+    """``rounds`` observations, ``parallelism`` trials in flight, as the controller drives a study."""
+    running: list[dict[str, Any]] = []
+    for _ in range(rounds):
+        if len(running) < parallelism:
+            t1 = time.perf_counter()
+            running += study.suggest(parallelism - len(running), list(running))
+            if suggest_s is not None:
+                suggest_s.append(time.perf_counter() - t1)
+        if running:
+            config = running.pop(0)
+            outcome, objective, times = synthetic_answer(study.space, config)
+            study.observe(config, outcome, objective, times)
+
+
+def finished_runs(runs: int, rounds: int, parallelism: int, strategy: str, keep_studies: bool) -> list[dict[str, Any]]:
+    """Resident set after each of ``runs`` finished runs, kept as the operator keeps them."""
+    from fleettune.api import TuningRunSpec
+    from fleettune.controller.lifecycle import PoolPhase
+    from fleettune.controller.planner import drop_finished_studies
+    from fleettune.controller.pool import Pool, build_search, make_study
+
+    params, _ = _space_spec("huge")
+    kept: list[Pool] = []
+    out = []
+    for n in range(runs):
+        # Each run its own kernel: another value of p0, so its space shares nothing.
+        spec = TuningRunSpec.model_validate({
+            "kernel": {"builtin": "convolution", "problemSize": [4096, 4096]},
+            "parameters": [{**params[0], "values": [1, 2, 4, 8, 16, 32 + n]}, *params[1:]],
+            "constraints": ["p0 * p1 <= 128", "p2 * p3 <= 16 * device.multiprocessor_count"],
+            "strategy": {"name": strategy, "seed": 1 + n},
+            "targets": [{"name": "a100"}],
+        })
+        pool = Pool(spec=spec.targets[0], seed=1 + n, key="a100", problem_size=(4096, 4096))
+        build_search(spec, pool, PRODUCTS[0], "spec.targets[0]")
+        make_study(spec, pool, [])
+        pool.move(PoolPhase.RUNNING)
+        assert pool.study is not None
+        _drive(pool.study, rounds, parallelism)
+        pool.move(PoolPhase.SUCCEEDED, "budget spent")
+        if not keep_studies:
+            drop_finished_studies([pool])
+        kept.append(pool)
+        gc.collect()
+        out.append({"runs": n + 1, "steady": rss(), "anon": anon_rss(), "arrays": array_bytes(kept)[0]})
+    return out
+
+
+def run_scenario(name: str, rounds: int, parallelism: int, strategy: str, threads: int, runs: int = 0,
+                 keep_studies: bool = False) -> dict[str, Any]:
     space_name, pools, sizes = SCENARIOS[name]
     start = rss()
     import fleettune.controller.handlers  # what `fleettune operator` imports
@@ -217,6 +273,12 @@ def run_scenario(name: str, rounds: int, parallelism: int, strategy: str, thread
     out.update(torch_build=torch.__version__, base=rss(), cuda_libs=cuda_library_rss())
     if space_name is None:
         out.update(peak=peak_rss(), steady=rss(), anon=anon_rss())
+        return out
+    if name == "finished-runs":
+        t0 = time.perf_counter()
+        series = finished_runs(runs, rounds, parallelism, strategy, keep_studies)
+        out.update(peak=peak_rss(), steady=rss(), anon=anon_rss(), series=series, keep_studies=keep_studies,
+                   run_s=time.perf_counter() - t0)
         return out
     from fleettune.optimize import Study
     from fleettune.space import SearchSpace, lookup_device
@@ -288,6 +350,14 @@ def format_table(results: list[dict[str, Any]]) -> str:
         notes.append(f"torch {first['torch_build']}: importing torch, gpytorch and botorch adds {torch_mib:.0f} MiB "
                      f"to the handlers' {first['handlers'] / MIB:.0f} MiB; "
                      f"{first['cuda_libs'] / MIB:.0f} MiB of it is resident in CUDA-only libraries")
+    for r in results:
+        if "series" in r:
+            points = [p for p in r["series"] if p["runs"] in (1, 10, 20, 40) or p is r["series"][-1]]
+            kept = ("their studies kept (before drop_finished_studies)" if r["keep_studies"]
+                    else "as the operator keeps them")
+            notes.append(f"finished runs, {kept}: steady (anon, arrays) MiB after "
+                         + ", ".join(f"{p['runs']}: {_mib(p['steady'])} ({_mib(p['anon'])}, {_mib(p['arrays'])})"
+                                     for p in points))
     return "\n".join(lines + (["", *notes] if notes else []))
 
 
@@ -299,6 +369,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--parallelism", type=int, default=4, help="trials in flight per pool")
     p.add_argument("--strategy", default="bayes")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default, as operator)")
+    p.add_argument("--runs", type=int, default=40, help="finished-runs: how many runs")
+    p.add_argument("--keep-studies", action="store_true",
+                   help="finished-runs: keep each finished pool's study (the operator before it dropped them)")
     p.add_argument("--json", dest="json_out", help="write the results here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -312,12 +385,14 @@ def main(argv: list[str]) -> int:
         return 2
     if args.child:
         (name,) = args.scenarios
-        print(json.dumps(run_scenario(name, args.rounds, args.parallelism, args.strategy, args.threads)))
+        print(json.dumps(run_scenario(name, args.rounds, args.parallelism, args.strategy, args.threads, args.runs,
+                                      args.keep_studies)))
         return 0
     results = []
     for name in args.scenarios:
         cmd = [sys.executable, "-m", "fleettune_dev.bench.memory", name, "--child", "--rounds", str(args.rounds),
-               "--parallelism", str(args.parallelism), "--strategy", args.strategy, "--threads", str(args.threads)]
+               "--parallelism", str(args.parallelism), "--strategy", args.strategy, "--threads", str(args.threads),
+               "--runs", str(args.runs), *(["--keep-studies"] if args.keep_studies else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             print(f"{name}: failed ({proc.returncode})\n{proc.stderr[-2000:]}", file=sys.stderr)

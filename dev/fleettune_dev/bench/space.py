@@ -1,7 +1,7 @@
 """`fleettune bench space`: search-space build/count/enumerate/sample times vs python-constraint.
 
 The cases (`CASES`: a real GEMM space, and two stencil spaces too large to enumerate
-naively), the targets and how to read the table: docs/bench-space.md.
+naively), the targets and how to read the table: docs/benchmarks.md.
 
 Every measurement runs in its own subprocess so that its peak memory (max RSS, from
 ``wait4``) is its own. python-constraint (what Kernel Tuner uses) has no build/count/enumerate

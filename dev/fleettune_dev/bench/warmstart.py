@@ -14,12 +14,13 @@ best fraction of the target's optimum among the source's measurements
 (``source_reach``), and the summary splits the seeds by whether that reaches 0.95.
 
 ``--all-ordered-pairs DIR``: every ordered pair of recordings of the same kernel in DIR
-(issue 18: a warm start must never be clearly worse than a cold one), with a summary of
+(a warm start must never be clearly worse than a cold one), with a summary of
 the worst and the mean ratio over the pairs and per kernel family.
 
-``--variant KEY=VALUE``: the same seeds again with that option changed on the target's
-studies (the source runs as the baseline's), compared pair by pair; a variant of
-warm-only options keeps the baseline's cold runs.
+``--variant KEY=VALUE``: the same seeds again with that option or tuning knob (the
+strategy's internal knobs, which a TuningRun cannot set) changed on the target's studies
+(the source runs as the baseline's), compared pair by pair; a variant of warm-only ones
+keeps the baseline's cold runs.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from fleettune_job.protocol import Outcome
 
 LEVELS = (0.95, 0.99)
 CHECKPOINTS = (5, 10, 20, 50, 100)  # fraction of optimum after N target evaluations
-TARGET_RATIO = 1 / 3  # warm needs at most this share of cold's evaluations to reach 0.95 (docs/bench-warmstart.md)
-# Issue 18: on no ordered pair may warm need more than this multiple of cold's evaluations
+TARGET_RATIO = 1 / 3  # warm needs at most this share of cold's evaluations to reach 0.95 (docs/benchmarks.md)
+# The target: on no ordered pair may warm need more than this multiple of cold's evaluations
 # to reach 0.95 (and over the pairs the mean ratio stays within TARGET_RATIO).
 HARM_RATIO = 1.1
 # The seed bootstrap of the --all-ordered-pairs summary (`seed_spread`).
@@ -108,10 +109,10 @@ def evals_to(best: np.ndarray, optimum: float, level: float) -> int:
 
 def study_for(replay: Replay, strategy: str, seed: int, prior: list[Observation] | None,
               options: dict[str, Any] | None) -> Any:
-    from fleettune.optimize import Study
+    from fleettune.optimize import Study, split_settings
 
     return Study(replay.space, strategy=strategy, seed=seed, candidates=replay.rows, prior=prior or (),
-                 options=options)
+                 **split_settings(strategy, options))
 
 
 def run_seed(
@@ -271,7 +272,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
 
 def seed_spread(rows: dict[str, list[dict[str, Any]]], level: float, resamples: int = RESAMPLES,
                 seed: int = 0) -> dict[str, Any] | None:
-    """How much issue 18's figures at ``level`` owe to the seeds drawn: the `INTERVAL`
+    """How much the target's figures at ``level`` owe to the seeds drawn: the `INTERVAL`
     intervals of the mean and the worst warm/cold ratio over the pairs, and the share of
     resamples that meet the target, from ``resamples`` draws of the seeds with
     replacement. A draw takes the same seeds for every pair (a seed's source and cold runs
@@ -300,7 +301,7 @@ def seed_spread(rows: dict[str, list[dict[str, Any]]], level: float, resamples: 
 
 def ordered_summary(results: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]] | None = None
                     ) -> dict[str, Any]:
-    """Issue 18's figures over the pairs of ``--all-ordered-pairs``: per level the worst
+    """The target's figures over the pairs of ``--all-ordered-pairs``: per level the worst
     and the mean warm/cold ratio and the pairs over `HARM_RATIO`; per kernel family the
     mean evaluations, warm and cold, and the mean and worst ratio of its pairs. With the
     per-seed ``rows`` of each pair, at 0.95 also their spread over the seeds
@@ -345,7 +346,7 @@ def format_ordered_summary(summary: dict[str, Any]) -> str:
             f"→{level}: worst ratio {summary[f'worst_ratio_{level}']:.2f} ({summary[f'worst_pair_{level}']}), "
             f"mean ratio over {summary['pairs']} pairs {summary[f'mean_ratio_{level}']:.2f}, "
             f"pairs over {HARM_RATIO}: {len(over)}" + (f" ({', '.join(over)})" if over else ""))
-    lines.append(f"issue 18 target (→0.95: no pair over {HARM_RATIO}, mean ratio ≤ {TARGET_RATIO:.2f}): "
+    lines.append(f"warm-start target (→0.95: no pair over {HARM_RATIO}, mean ratio ≤ {TARGET_RATIO:.2f}): "
                  + ("met" if summary["meets_target"] else "not met"))
     if spread := summary.get(f"spread_{LEVELS[0]}"):
         (m0, m1), (w0, w1) = spread["mean_ratio"], spread["worst_ratio"]
@@ -387,7 +388,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--source", help="Kernel Tuner cache of the GPU tuned first")
     p.add_argument("--target", help="Kernel Tuner cache of the GPU re-tuned with the source's results")
     p.add_argument("--all-pairs", metavar="DIR",
-                   help="run the standard pairs (docs/bench-warmstart.md) from the recordings in DIR")
+                   help="run the standard source → target pairs (`PAIRS`: one per family) from the recordings in DIR")
     p.add_argument("--all-ordered-pairs", metavar="DIR",
                    help="run every ordered pair of recordings of the same kernel in DIR, with a summary")
     p.add_argument("--seeds", type=int, default=30)
@@ -395,11 +396,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--budget", type=int, default=100, help="target evaluations per run")
     p.add_argument("--source-budget", type=int, default=100, help="source evaluations per seed")
     p.add_argument("--strategy", default="bayes")
-    p.add_argument("--option", action="append", default=[], help="strategy option KEY=VALUE (JSON value)")
+    p.add_argument("--option", action="append", default=[],
+                   help="strategy option or tuning knob KEY=VALUE (JSON value)")
     p.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
-                   help="also run the warm and cold studies with this option changed (repeatable; the source "
-                        "runs as the baseline does), and compare it with the baseline pair by pair; the cold "
-                        "runs are the baseline's when every variant option is warm-only")
+                   help="also run the warm and cold studies with this option or tuning knob changed (repeatable; "
+                        "the source runs as the baseline does), and compare it with the baseline pair by pair; the "
+                        "cold runs are the baseline's when every one changed is warm-only")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--json", dest="json_out", help="write per-seed rows and summaries here")
     p.add_argument("--traces", help="JSON-lines file of finished seeds: appended to, and resumed from")
@@ -594,10 +596,10 @@ def main(argv: list[str]) -> int:
 
 
 def _declared(strategy: str) -> dict[str, Any]:
-    """The strategy's declared options, by name."""
-    from fleettune.optimize import describe_options
+    """The strategy's declared options and tuning knobs, by name."""
+    from fleettune.optimize import describe_options, describe_tuning
 
-    return {o.name: o for o in describe_options(strategy)}
+    return {o.name: o for o in (*describe_options(strategy), *describe_tuning(strategy))}
 
 
 def _summary(pair: str, rows: list[dict[str, Any]], budget: int, seconds: float) -> dict[str, Any]:

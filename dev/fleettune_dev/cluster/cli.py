@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="fleet file (YAML) describing the GPU node pools (default: the demo fleet, "
                     "dev/fleettune_dev/data/fleet-demo.yaml in a checkout, a commented example)")
     sub.add_parser("down", parents=[common], help="stop every component and the services started with it (the "
-                   "demo's simulator and operator) and delete the state directory")
+                   "demo's simulator and operator, and any fleettune command whose arguments or KUBECONFIG "
+                   "name the state directory) and delete the state directory")
     st = sub.add_parser("status", parents=[common], help="what runs, on which ports, and the nodes of each pool")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -53,7 +54,10 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.state_dir)
     if not cluster.state_dir.exists():
-        print(f"no cluster in {cluster.state_dir}")
+        # What an earlier `down` could not find (an operator restarted by hand) still names it.
+        stopped = cluster.stop_strays()
+        print(f"no cluster in {cluster.state_dir}" + (f"; stopped {len(stopped)} process(es) started against it "
+                                                       f"(pids {', '.join(map(str, stopped))})" if stopped else ""))
         return 0
     cluster.down()
     print(f"stopped; removed {cluster.state_dir}")

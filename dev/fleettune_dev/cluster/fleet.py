@@ -4,7 +4,9 @@ A fleet file is YAML (``kind: Fleet``). Each pool becomes ``nodes`` KWOK nodes l
 way GPU Feature Discovery labels real ones, so the operator selects them exactly as it
 would in production. The ``simulation`` block tells the fleet simulator where each pool's
 numbers come from: a recording of that GPU model, or a synthetic model derived from
-another recording (marked synthetic in every result).
+another recording (marked synthetic in every result). A built-in kernel a pool has neither
+for is answered by the simulator's synthetic model of the kernel itself
+(`fleettune_dev.sim.builtin`), marked synthetic too.
 """
 
 from __future__ import annotations

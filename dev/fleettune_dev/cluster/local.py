@@ -6,6 +6,8 @@ in the state directory. Only kwok's nodes are fake: Jobs, the scheduler, the gar
 collector and the API semantics are the real thing, so integration tests exercise exactly
 what a production cluster would do. *Services* (the demo's fleet simulator and operator)
 are recorded the same way, so ``fleettune cluster down`` stops them with the control plane.
+The components' command lines and files are `fleettune_dev.cluster.components`; the
+fleet's fake nodes, `fleettune_dev.cluster.nodes`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import contextlib
 import json
 import os
 import shutil
-import ssl
 import subprocess
 import threading
 import time
@@ -27,47 +28,25 @@ from typing import Any
 
 import yaml
 
-from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster import processes
 from fleettune_dev.cluster.binaries import Binaries, cache_root, ensure_binaries
-from fleettune_dev.cluster.fleet import (
-    GPU_RESOURCE,
-    KWOK_ANNOTATION,
-    Fleet,
-    default_fleet,
-    packaged_data_dir,
-    parse_fleet,
+from fleettune_dev.cluster.components import (
+    COMPONENT_PORTS,
+    COMPONENTS,
+    ClusterError,
+    component_argv,
+    health_url,
+    kwok_stages,
+    write_kubeconfig,
 )
+from fleettune_dev.cluster.fleet import Fleet, default_fleet, parse_fleet
 from fleettune_dev.cluster.network import advertise_address, free_port, wait_port_free
-from fleettune_dev.cluster.pki import SERVICE_CIDR, Pki, ensure_pki
+from fleettune_dev.cluster.nodes import ensure_fleet, install_kwok_crds, nodes_by_pool
+from fleettune_dev.cluster.pki import Pki, ensure_pki
 
 Progress = Callable[[str], None]
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-# Ports each component needs, by the name they are stored under in state.json.
-_PORTS = {
-    "etcd": ("etcd-client", "etcd-peer"),
-    "kube-apiserver": ("kube-apiserver",),
-    "kube-controller-manager": ("kube-controller-manager",),
-    "kube-scheduler": ("kube-scheduler",),
-    "kwok": ("kwok",),
-}
-POD_CIDR = "10.244.0.0/16"
-# The fast kwok stages we load, plus fleettune's own (data/kwok/). Deliberately not
-# `pod-complete`: it would finish every Job pod with exit 0 and no result; the fleet
-# simulator completes trial pods instead.
-KWOK_STAGES = (
-    "node/fast/node-initialize.yaml",
-    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-    "pod/fast/pod-ready.yaml",
-    "pod/fast/pod-delete.yaml",
-)
-RUNTIME_CLASS = "nvidia"
 DEFAULT_STATE_DIR = cache_root() / "clusters" / "default"  # ~/.cache/fleettune/clusters/default
-
-
-class ClusterError(RuntimeError):
-    pass
 
 
 def _quiet(_: str) -> None:
@@ -178,7 +157,7 @@ class LocalCluster:
         self.state_dir.chmod(0o700)
         state = self._read_state()
         if "ports" not in state:
-            keys = [key for names in _PORTS.values() for key in names]
+            keys = [key for names in COMPONENT_PORTS.values() for key in names]
             ports: set[int] = set()
             while len(ports) < len(keys):  # the kernel may hand out a just-closed port twice
                 ports.add(free_port())
@@ -188,24 +167,36 @@ class LocalCluster:
         if not self.fleet_file.is_file() or self._fleet is not None:
             self.fleet_file.write_text(self.fleet.to_yaml())
         ensure_pki(self._pki.dir)
-        self._write_kubeconfig()
-        self._write_kwok_stages(bins)
+        write_kubeconfig(self.kubeconfig, self.server, self._pki)
+        (self.state_dir / "kwok-stages.yaml").write_text(kwok_stages(bins))
         for name in COMPONENTS:
             rec = processes.load(self._pids, name)
             if rec is not None and processes.is_alive(rec):
                 continue
             self._start(name, say)
-        self._ensure_fleet(say)
+        with self.api_client() as api:
+            ensure_fleet(api, self.fleet, say, self.logs_dir / "kwok.log")
         say(f"cluster up in {time.monotonic() - started:.1f}s: {self.server}")
 
     def down(self) -> None:
-        """Stop the services, every component (reverse order), and delete the state directory."""
+        """Stop the services, any other fleettune process started against this cluster, every
+        component (reverse order), and delete the state directory."""
         self.stop_services()
+        # An operator restarted by hand (`KUBECONFIG=<state>/kubeconfig fleettune operator`)
+        # has no pid file: found by the state directory its arguments or environment name,
+        # and stopped while the API server is still there to let it shut down cleanly.
+        self.stop_strays()
         self.stop_components(*reversed(COMPONENTS))
         # A component whose pid file was lost would survive: look for strays by state path.
-        for pid in self._stray_pids():
-            processes.terminate_pid(pid)
+        self.stop_strays()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def stop_strays(self) -> list[int]:
+        """Stop the processes started against this cluster that no pid file names (also
+        when the state directory is gone already); returns their pids."""
+        pids = self._stray_pids()
+        processes.terminate_all(pids)
+        return pids
 
     def stop_components(self, *names: str, crash: bool = False) -> None:
         for name in names:
@@ -292,7 +283,7 @@ class LocalCluster:
             comps[name] = {
                 "running": alive,
                 "pid": rec.pid if rec and alive else None,
-                "ports": {k: state.get("ports", {}).get(k) for k in _PORTS[name]},
+                "ports": {k: state.get("ports", {}).get(k) for k in COMPONENT_PORTS[name]},
                 "log": str(self.logs_dir / f"{name}.log"),
             }
         services = {}
@@ -310,7 +301,8 @@ class LocalCluster:
         }
         if comps["kube-apiserver"]["running"]:
             try:
-                result["nodes"] = self._nodes_by_pool()
+                with self.api_client() as api:
+                    result["nodes"] = nodes_by_pool(api)
             except Exception as exc:  # status must still answer when the API is unhealthy
                 result["nodes_error"] = str(exc)
         return result
@@ -355,7 +347,7 @@ class LocalCluster:
         come long before the workloads. Here a test starts within seconds of installing them,
         and an orphaned Workload left in its queue is what Kueue v0.15 can re-admit just as
         it is collected, which leaves the ClusterQueue's other pending Workloads unadmitted
-        although its quota is free (docs/kueue.md)."""
+        although its quota is free (docs/operations/multikueue.md)."""
         rec = processes.load(self._pids, "kube-controller-manager")
         if rec is None or not processes.is_alive(rec):
             return
@@ -374,123 +366,21 @@ class LocalCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     # ----------------------------------------------------------------- internals
-    def _write_kubeconfig(self) -> None:
-        import base64
-
-        pki = self._pki
-
-        def b64(p: Path) -> str:
-            return base64.b64encode(p.read_bytes()).decode()
-
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fleettune-local", "cluster": {
-                "server": self.server, "certificate-authority-data": b64(pki.ca_crt)}}],
-            "users": [{"name": "fleettune-admin", "user": {
-                "client-certificate-data": b64(pki.admin_crt), "client-key-data": b64(pki.admin_key)}}],
-            "contexts": [{"name": "fleettune-local", "context": {
-                "cluster": "fleettune-local", "user": "fleettune-admin"}}],
-            "current-context": "fleettune-local",
-        }
-        tmp = self.kubeconfig.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-        tmp.chmod(0o600)
-        tmp.replace(self.kubeconfig)
-
-    def _write_kwok_stages(self, bins: Binaries) -> None:
-        docs = []
-        for rel in KWOK_STAGES:
-            src = bins.kwok_stages / rel
-            if not src.is_file():
-                raise ClusterError(f"kwok stage {src} is missing: rebuild kwok (rm -r {bins.kwok.parent})")
-            docs.append(src.read_text().strip())
-        for own in sorted((packaged_data_dir() / "kwok").glob("*.yaml")):
-            docs.append(own.read_text().strip())
-        (self.state_dir / "kwok-stages.yaml").write_text("\n---\n".join(docs) + "\n")
-
-    def _argv(self, name: str) -> list[str]:
-        bins = self._bins(_quiet)
-        st = self._read_state()
-        p = st["ports"]
-        pki = self._pki
-        kc = str(self.kubeconfig)
-        if name == "etcd":
-            client, peer = f"http://127.0.0.1:{p['etcd-client']}", f"http://127.0.0.1:{p['etcd-peer']}"
-            return [str(bins.etcd), "--name=fleettune", f"--data-dir={self.state_dir / 'etcd'}",
-                    # A throw-away cluster: durability is not worth the fsync latency.
-                    "--unsafe-no-fsync", "--log-level=warn",
-                    f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-                    f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-                    f"--initial-cluster=fleettune={peer}", "--listen-metrics-urls=",
-                    "--quota-backend-bytes=4294967296"]
-        if name == "kube-apiserver":
-            return [str(bins.kube("kube-apiserver")),
-                    f"--etcd-servers=http://127.0.0.1:{p['etcd-client']}",
-                    "--bind-address=127.0.0.1", f"--secure-port={p['kube-apiserver']}",
-                    # Only used for the `kubernetes` Service's endpoints; must not be loopback,
-                    # and without a default route the apiserver cannot guess one.
-                    f"--advertise-address={st['advertise_address']}",
-                    f"--tls-cert-file={pki.apiserver_crt}", f"--tls-private-key-file={pki.apiserver_key}",
-                    f"--client-ca-file={pki.ca_crt}",
-                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                    f"--service-account-key-file={pki.sa_pub}",
-                    f"--service-account-signing-key-file={pki.sa_key}",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}",
-                    "--authorization-mode=RBAC",
-                    # Fake pods need no token; this also avoids racing the creation of each
-                    # namespace's default ServiceAccount.
-                    "--disable-admission-plugins=ServiceAccount",
-                    # On in OpenShift: an ownerReference that blocks its owner's deletion
-                    # needs `update` on the owner's finalizers (trial Jobs set one).
-                    "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
-                    "--allow-privileged=true", "--profiling=false",
-                    # kwok gives each fake node its name as its Hostname address, which does not
-                    # resolve: reach the "kubelet" (kwok, for Pod logs) by its InternalIP.
-                    "--kubelet-preferred-address-types=InternalIP"]
-        # No --authentication/authorization-kubeconfig: their serving endpoints are only used
-        # for /healthz (always allowed), and delegated auth would poll for a front-proxy CA
-        # this cluster does not have, logging an error every few seconds.
-        common = [f"--kubeconfig={kc}", "--leader-elect=false", "--bind-address=127.0.0.1",
-                  "--profiling=false"]
-        # A tuning fleet churns through short Jobs (hundreds of GPUs, a trial every few
-        # seconds): the defaults (KCM: 5 Job workers at 20 QPS; scheduler: 50 QPS) throttle
-        # the Job controller to a few Jobs a second and leave GPUs idle behind it.
-        fast = ["--kube-api-qps=300", "--kube-api-burst=600"]
-        if name == "kube-controller-manager":
-            return [str(bins.kube("kube-controller-manager")), *common, *fast,
-                    "--concurrent-job-syncs=50", "--concurrent-gc-syncs=50",
-                    f"--secure-port={p['kube-controller-manager']}",
-                    f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca_crt}",
-                    f"--cluster-signing-cert-file={pki.ca_crt}", f"--cluster-signing-key-file={pki.ca_key}",
-                    f"--service-cluster-ip-range={SERVICE_CIDR}"]
-        if name == "kube-scheduler":
-            return [str(bins.kube("kube-scheduler")), *common, *fast, f"--secure-port={p['kube-scheduler']}"]
-        if name == "kwok":
-            return [str(bins.kwok), f"--kubeconfig={kc}",
-                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                    "--node-lease-duration-seconds=40", f"--cidr={POD_CIDR}",
-                    f"--server-address=127.0.0.1:{p['kwok']}",
-                    # The fake nodes' kubelet endpoint, which the apiserver proxies Pod logs to:
-                    # kwok's own server (TLS with a throw-away certificate, which the
-                    # apiserver does not check without --kubelet-certificate-authority).
-                    "--node-ip=127.0.0.1", f"--node-port={p['kwok']}",
-                    f"--config={self.state_dir / 'kwok-stages.yaml'}"]
-        raise KeyError(name)
-
     def _start(self, name: str, say: Progress) -> None:
         ports = self.ports
-        for key in _PORTS[name]:
+        for key in COMPONENT_PORTS[name]:
             if not wait_port_free(ports[key]):
                 raise ClusterError(f"cannot start {name}: port {ports[key]} ({key}) is taken by another process")
         t0 = time.monotonic()
         if name == "kwok":
-            self._install_kwok_crds()  # it watches them from its start
+            with self.api_client() as api:
+                install_kwok_crds(api, self._bins(_quiet))  # it watches them from its start
         say(f"starting {name}")
         # The kernel's parent-death signal fires when the *thread* that forked exits: only
         # bind components to the main thread, never to a short-lived worker thread.
         bind = self.die_with_parent and threading.current_thread() is threading.main_thread()
-        rec = processes.start(name, self._argv(name), log=self.logs_dir / f"{name}.log", pid_dir=self._pids,
+        argv = component_argv(name, self._bins(_quiet), self._read_state(), self._pki, self.kubeconfig, self.state_dir)
+        rec = processes.start(name, argv, log=self.logs_dir / f"{name}.log", pid_dir=self._pids,
                               cwd=self.state_dir, die_with_parent=bind)
         try:
             self._wait_healthy(name, rec)
@@ -499,23 +389,8 @@ class LocalCluster:
             raise
         say(f"{name} ready in {time.monotonic() - t0:.1f}s")
 
-    def _health_url(self, name: str) -> tuple[str, ssl.SSLContext | None]:
-        p = self.ports
-        insecure = ssl.create_default_context()
-        # KCM and the scheduler serve with a self-signed certificate made at start-up.
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
-        if name == "etcd":
-            return f"http://127.0.0.1:{p['etcd-client']}/health", None
-        if name == "kube-apiserver":
-            return f"https://127.0.0.1:{p['kube-apiserver']}/readyz", ssl.create_default_context(
-                cafile=str(self._pki.ca_crt))
-        if name == "kwok":
-            return f"http://127.0.0.1:{p['kwok']}/healthz", None
-        return f"https://127.0.0.1:{p[name]}/healthz", insecure
-
     def _wait_healthy(self, name: str, rec: processes.ProcessRecord, timeout: float = 90.0) -> None:
-        url, ctx = self._health_url(name)
+        url, ctx = health_url(name, self.ports, self._pki)
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -540,80 +415,11 @@ class LocalCluster:
         except FileNotFoundError:
             return "(no log)"
 
-    def _install_kwok_crds(self) -> None:
-        """kwok's `Logs` CRD: the fleet simulator points each batch Pod's log at a file
-        (`fleettune_dev.sim.podlogs`), which kwok serves to `kubectl logs` and the operator."""
-        from kubernetes import client
-
-        with self.api_client() as api:
-            crds = client.ApiextensionsV1Api(api)
-            for path in sorted((self._bins(_quiet).kwok.parent / "crds").glob("*.yaml")):
-                try:
-                    crds.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-                except client.ApiException as exc:
-                    if exc.status != 409:
-                        raise
-
-    def _ensure_fleet(self, say: Progress, timeout: float = 60.0) -> None:
-        from kubernetes import client
-
-        with self.api_client() as api:
-            core = client.CoreV1Api(api)
-            existing = {n.metadata.name for n in core.list_node().items}
-            wanted = self.fleet.node_manifests()
-            created = 0
-            for manifest in wanted:
-                if manifest["metadata"]["name"] not in existing:
-                    core.create_node(manifest)
-                    created += 1
-            node_api = client.NodeV1Api(api)
-            try:
-                node_api.create_runtime_class({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
-                                               "metadata": {"name": RUNTIME_CLASS}, "handler": RUNTIME_CLASS})
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
-            names = {m["metadata"]["name"] for m in wanted}
-            if created:
-                say(f"created {created} fake GPU node(s) in pools {', '.join(self.fleet.pool_names())}")
-            deadline = time.monotonic() + timeout
-            while True:
-                nodes = core.list_node(label_selector=POOL_LABEL).items
-                ready = {n.metadata.name for n in nodes if _is_ready(n)}
-                if names <= ready:
-                    break
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"nodes not Ready after {timeout:.0f}s: {sorted(names - ready)}; "
-                                       f"see {self.logs_dir / 'kwok.log'}")
-                time.sleep(0.3)
-            say(f"{len(names)} node(s) Ready")
-
-    def _nodes_by_pool(self) -> dict[str, list[dict[str, Any]]]:
-        from kubernetes import client
-
-        with self.api_client() as api:
-            nodes = client.CoreV1Api(api).list_node(label_selector=POOL_LABEL, _request_timeout=5).items
-        pools: dict[str, list[dict[str, Any]]] = {}
-        for n in sorted(nodes, key=lambda n: n.metadata.name):
-            pools.setdefault(n.metadata.labels[POOL_LABEL], []).append({
-                "name": n.metadata.name,
-                "ready": _is_ready(n),
-                "gpus": (n.status.allocatable or {}).get(GPU_RESOURCE),
-                "arch": n.metadata.labels.get("kubernetes.io/arch"),
-            })
-        return pools
-
     def _stray_pids(self) -> list[int]:
-        """Our components whose pid file was lost: a cached binary, naming this state dir."""
+        """Our processes that name this state dir: components (a cached binary) whose pid
+        file was lost, and fleettune commands (an operator, a simulator) started by hand."""
         bin_dir = str(cache_root() / "bin") + "/"
-        state = str(self.state_dir)
-        return processes.find(lambda argv: bool(argv) and argv[0].startswith(bin_dir)
-                              and any(state in a for a in argv))
+        return processes.started_against(
+            self.state_dir,
+            lambda argv: bool(argv) and (argv[0].startswith(bin_dir) or processes.is_fleettune_program(argv)))
 
-
-def _is_ready(node: Any) -> bool:
-    ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-    # The node lifecycle controller taints new nodes not-ready until it has seen them Ready;
-    # the scheduler honours the taint, so a node is usable only once it is gone.
-    lifecycle = [t for t in (node.spec.taints or []) if t.key.startswith("node.kubernetes.io/")]
-    return ready and not lifecycle

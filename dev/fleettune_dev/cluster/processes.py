@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,6 +162,82 @@ def find(predicate: Callable[[list[str]], bool]) -> list[int]:
         if st is not None and st[0] not in ("Z", "X") and predicate(argv):
             found.append(int(entry.name))
     return found
+
+
+def names_path(text: str, root: str) -> bool:
+    """Whether ``text`` (an argument, an environment value such as ``KUBECONFIG=a:b``)
+    names ``root`` or a path under it: ``/s/default`` is not ``/s/default2``."""
+    start = 0
+    while (i := text.find(root, start)) >= 0:
+        end = i + len(root)
+        if (i == 0 or text[i - 1] in "=:, ") and (end == len(text) or text[end] in "/:, "):
+            return True
+        start = i + 1
+    return False
+
+
+def is_fleettune_program(argv: Sequence[str]) -> bool:
+    """The `fleettune` (or kopf) command or module: ``fleettune operator`` runs as
+    ``python …/bin/fleettune operator``, the demo's services as ``python -m fleettune.cli``."""
+    if any(Path(a).name in ("fleettune", "kopf") for a in argv[:2]):
+        return True
+    return any(a == "-m" and b.split(".")[0] in ("fleettune", "kopf") for a, b in itertools.pairwise(argv))
+
+
+def _environ(pid: int) -> list[str]:
+    try:
+        return (Path(f"/proc/{pid}") / "environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:  # gone, or another user's
+        return []
+
+
+def _ancestors() -> set[int]:
+    """This process and those it descends from (a shell that ran `cluster down` with the
+    state directory in its arguments must survive it)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(text[text.rindex(")") + 2:].split()[1])
+    return out
+
+
+def started_against(root: Path, ours: Callable[[list[str]], bool]) -> list[int]:
+    """Live processes started against the directory ``root``: programs that are ``ours``
+    whose arguments or environment (``KUBECONFIG=<root>/kubeconfig``) name it. Others —
+    the user's shell that exported that KUBECONFIG, an editor or `tail -f` on a log there
+    — are never chosen, nor is this process or any of its ancestors."""
+    where, mine = str(root), _ancestors()
+    found = []
+    for pid in find(ours):
+        if pid in mine:
+            continue
+        try:
+            argv = (Path(f"/proc/{pid}") / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+        except OSError:
+            continue
+        if any(names_path(a, where) for a in argv) or any(names_path(v, where) for v in _environ(pid)):
+            found.append(pid)
+    return found
+
+
+def terminate_all(pids: Iterable[int], timeout: float = 10.0) -> None:
+    """SIGTERM each process (not its group: one a user started may share the user's), then
+    SIGKILL those still there after ``timeout``."""
+    recs = [ProcessRecord("pid", pid, st[1], []) for pid in pids if (st := _stat(pid)) is not None]
+    for rec in recs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rec.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(is_alive(r) for r in recs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for rec in recs:
+        if is_alive(rec):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rec.pid, signal.SIGKILL)
 
 
 def terminate_pid(pid: int, timeout: float = 5.0) -> None:

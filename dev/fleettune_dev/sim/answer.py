@@ -64,12 +64,13 @@ class Answer:
 
     @property
     def duration_s(self) -> float:
-        """How long a Pod measuring only this configuration runs (start-up aside)."""
+        """How long this configuration takes when nothing overlaps it (a batch of one, start-up aside)."""
         return self.compile_s + self.gpu_s
 
 
-def fingerprint(pool: NodePool, labels: dict[str, str], *, synthetic: bool) -> Fingerprint:
+def fingerprint(pool: NodePool, labels: dict[str, str], *, synthetic: bool, verified: bool = False) -> Fingerprint:
     """What the job would report about its GPU, read from the node's labels where present.
+    Unverified unless ``verified``: the simulator computes no outputs to check.
 
     Labels are what a driver upgrade changes, so they win over the fleet file. The product
     is the device name as the driver reports it (spaces, not GFD's dashes) when the label
@@ -91,7 +92,16 @@ def fingerprint(pool: NodePool, labels: dict[str, str], *, synthetic: bool) -> F
         cuda_runtime_version=runtime,
         simulated=True,
         synthetic=synthetic,
+        unverified=not verified,
     )
+
+
+def recorder_verified(m: Measurement) -> bool:
+    """Whether the tuner that recorded ``m`` checked its outputs: Kernel Tuner times the check
+    as ``verification_time``, and writes 0 when it was given nothing to check against. The
+    shipped recordings keep no such time, so their configurations count as unverified;
+    user source is never run at all."""
+    return m.verification_ms is not None and m.verification_ms > 0
 
 
 def _scale_to_problem(m: Measurement, trial: Trial, recorded: list[int]) -> Measurement:
@@ -105,7 +115,7 @@ def _scale_to_problem(m: Measurement, trial: Trial, recorded: list[int]) -> Meas
 
 
 def infra(error: str, pool: NodePool | None = None, labels: dict[str, str] | None = None) -> Answer:
-    fp = fingerprint(pool, labels or {}, synthetic=False) if pool else Fingerprint(simulated=True)
+    fp = fingerprint(pool, labels or {}, synthetic=False) if pool else Fingerprint(simulated=True, unverified=True)
     return Answer(TrialResult(outcome=Outcome.INFRA_ERROR, error=f"simulator: {error}"[:1000],
                               fingerprint=fp), compile_s=0.2)
 
@@ -168,8 +178,9 @@ def answer_measurement(trial: Trial, pool: NodePool, labels: dict[str, str], m: 
                        *, compile_s: float = DEFAULT_COMPILE_S) -> Answer:
     """The job's result for measurement ``m``. Costs are the recording's own when it has
     them, else modelled: ``compile_s`` to compile, the kernel time × (warm-ups + repeats)
-    on the GPU (no separate verification)."""
-    fp = fingerprint(pool, labels, synthetic=m.synthetic)
+    on the GPU (no separate verification). Its outputs are unverified unless the recording
+    says they were checked (`recorder_verified`)."""
+    fp = fingerprint(pool, labels, synthetic=m.synthetic, verified=recorder_verified(m))
     recorded_compile = _seconds(m.compile_ms)
     compile_s = compile_s if recorded_compile is None else recorded_compile
     verification_s = _seconds(m.verification_ms) or 0.0

@@ -1,10 +1,11 @@
-"""A batch Pod's answers and when each is written (pure: no API calls).
+"""A trial Pod's answers and when each is written (pure: no API calls).
 
-A batch Pod measures its configurations in entry order in one container. Its compiles run
-ahead on the node's CPU cores (``slots`` at once, taken in entry order: the job's own
-compile-ahead pool, :func:`compile_slots`) while the GPU checks and times the
-configurations already compiled, so the GPU's critical path is the verification and
-timing of each configuration; one that fails to compile never reaches the GPU. For entry
+Every trial Pod measures a batch (of one configuration or several), in entry order in one
+container. Its compiles run ahead on the node's CPU cores (``slots`` at once, taken in
+entry order: the job's own compile-ahead pool, :func:`compile_slots`) while the GPU checks
+and times the configurations already compiled, so the GPU's critical path is the
+verification and timing of each configuration; one that fails to compile never reaches
+the GPU. For entry
 *i*, with every time measured from the end of the Pod's start-up::
 
     ready_i     = when its compile ends (the first free slot + compile_i)
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -109,8 +109,8 @@ class BatchAnswer:
 
 
 def answer_batch(batch: Batch, answers: Sequence[Answer], slots: int) -> BatchAnswer:
-    """The batch's answers, one per entry of ``batch`` in order (each as a one-trial Pod
-    would have answered it), on the Pod's timeline."""
+    """The batch's answers, one per entry of ``batch`` in order (each configuration's own,
+    `fleettune_dev.sim.answer`), on the Pod's timeline."""
     if len(answers) != len(batch.entries):
         raise ValueError(f"{len(answers)} answers for a batch of {len(batch.entries)}")
     infra = next((n for n, a in enumerate(answers) if a.result.outcome == Outcome.INFRA_ERROR), None)
@@ -126,18 +126,9 @@ def answer_batch(batch: Batch, answers: Sequence[Answer], slots: int) -> BatchAn
 
 
 def _fingerprint(answers: Sequence[Answer]) -> Fingerprint:
-    # One fingerprint speaks for the batch: synthetic when any measurement in it is (a
-    # verdict inferred from a recording's restrictions does not make the GPU's times synthetic).
+    # One fingerprint speaks for the batch: synthetic (unverified) when any measurement in it
+    # is (a verdict inferred from a recording's restrictions does not make the GPU's times synthetic).
     measured = [a for a in answers if a.result.outcome == Outcome.OK] or list(answers)
     first = measured[0].result.fingerprint
-    return first.model_copy(update={"synthetic": any(a.result.fingerprint.synthetic for a in measured)})
-
-
-def is_batch_text(text: str) -> bool:
-    """Whether a ``FLEETTUNE_TRIAL`` value means a batch (``entries``), valid or not: its
-    Pod answers in the batch protocol even when it cannot be read."""
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(raw, dict) and "entries" in raw
+    return first.model_copy(update={"synthetic": any(a.result.fingerprint.synthetic for a in measured),
+                                    "unverified": any(a.result.fingerprint.unverified for a in measured)})

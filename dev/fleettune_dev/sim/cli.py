@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fleettune_dev.cluster.fleet import FleetError, load_fleet
 from fleettune_dev.cluster.local import DEFAULT_STATE_DIR, LocalCluster
+from fleettune_dev.sim.builtin import modelled_kernels
 from fleettune_dev.sim.startup import PodStartup
 
 
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
     sim = FleetSimulator(kubeconfig, fleet, time_scale=args.time_scale, seed=args.seed, startup=startup).start()
-    synthetic = [f"{p.name}/{k}" for p in fleet.pools for k in p.simulation.synthetic]
+    synthetic = [f"{p.name}/{k}" for p in fleet.pools for k in sorted({*p.simulation.synthetic, *modelled_kernels(p)})]
     print(f"simulating pools {', '.join(fleet.pool_names())} against {kubeconfig}"
           + (f"; SYNTHETIC models (not measurements) for {', '.join(synthetic)}" if synthetic else ""),
           file=sys.stderr, flush=True)

@@ -2,20 +2,19 @@
 
 It watches Pods labelled ``app.kubernetes.io/managed-by=fleettune`` in all namespaces. When
 one is Running on a node annotated ``kwok.x-k8s.io/node=fake`` (kwok's pod-ready stage put
-it there), it reads the trial from the ``FLEETTUNE_TRIAL`` env of the ``trial`` container,
-answers it from the node pool's recording (or synthetic model), waits the simulated
-duration × ``time_scale``, then writes the Pod's status the way a kubelet would after the
-container exited: ``state.terminated`` with the result as ``message`` and its exit code,
-phase Succeeded or Failed. The Job controller and the operator then see exactly what they
-would see on a real GPU node. Pods on real nodes are never touched.
+it there), it reads the batch from the ``FLEETTUNE_TRIAL`` env of the ``trial`` container
+(every trial Pod measures a batch, of one configuration or several) and answers it entry
+by entry from the node pool's recording (or synthetic model), on the timeline of
+``fleettune_dev.sim.batch``: compiles run ahead on the node's CPU cores while the GPU
+checks and times the configurations already compiled. When the simulated duration ×
+``time_scale`` is up, it writes the Pod's status the way a kubelet would after the
+container exited: ``state.terminated`` with the whole ``BatchResult`` as ``message`` and
+its exit code, phase Succeeded or Failed. The Job controller and the operator then see
+exactly what they would see on a real GPU node. Pods on real nodes are never touched.
 
-A batch Pod (the env holds a ``Batch``) is answered entry by entry the same way, on the
-timeline of ``fleettune_dev.sim.batch``: compiles run ahead on the node's CPU cores while
-the GPU checks and times the configurations already compiled; the Pod ends with the whole
-``BatchResult``. A batch Pod that gets a deletionTimestamp while it runs (deleted, evicted)
-is stopped as a kubelet stops it: terminated with exit code 137 and the answers its
-simulated time had reached (``done=False``, error ``terminated``). A single-trial Pod being
-deleted is left to kwok, as before.
+A Pod that gets a deletionTimestamp while it runs (deleted, evicted) is stopped as a
+kubelet stops it: terminated with exit code 137 and the answers its simulated time had
+reached (``done=False``, error ``terminated``).
 
 With ``startup`` (a :class:`~fleettune_dev.sim.startup.PodStartup`), every Pod first spends
 a seeded draw of the container's start-up (interpreter, imports, CUDA context) before its
@@ -71,7 +70,8 @@ from fleettune_dev.sim.answer import (
     infra,
     invalid_configuration,
 )
-from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots, is_batch_text
+from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots
+from fleettune_dev.sim.builtin import answer_builtin
 from fleettune_dev.sim.podlogs import PodLogs
 from fleettune_dev.sim.rawwatch import WatchExpired, raw_list, raw_watch
 from fleettune_dev.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
@@ -80,13 +80,14 @@ from fleettune_dev.sim.usersource import (
     Compiler,
     ConfigMapReader,
     SourceUnavailable,
-    compile_options,
+    compile_defines,
     config_map_data,
     launch_geometry,
     launch_refused,
     source_location,
     synthetic_measurement,
 )
+from fleettune_job.kernels import BUILTINS
 from fleettune_job.protocol import (
     CONTAINER_NAME,
     TRIAL_ENV,
@@ -95,8 +96,6 @@ from fleettune_job.protocol import (
     Fingerprint,
     Outcome,
     Trial,
-    TrialResult,
-    parse_work,
 )
 from fleettune_job.protocol import Answer as Verdict
 
@@ -115,13 +114,13 @@ class _Due:
     uid: str
     node: str
     node_uid: str
-    answer: Answer | BatchAnswer
-    trial: tuple[str, str, str, int]  # a batch's index is -1: its answers name their own
+    answer: BatchAnswer
+    trial: tuple[str, str, str, int]  # (namespace, run, target, -1): its answers name their indexes
     containers: list[tuple[str, str]]  # (name, image)
     started: dict[str, str]  # container name -> startedAt
     tries: int = 0
     # The last status write sent (message, result, killed): stored, perhaps, though its reply was lost.
-    sent: tuple[str, TrialResult | BatchResult, bool] | None = None
+    sent: tuple[str, BatchResult, bool] | None = None
     settled: bool = False  # counted as answered (or unsettled): once only
     began: float = 0.0  # monotonic time the Pod was seen Running
     startup_s: float = 0.0  # simulated start-up before its first configuration
@@ -169,12 +168,11 @@ def _started_at(pod: dict[str, Any]) -> dict[str, str]:
 
 def _trial_id(pod: dict[str, Any]) -> tuple[str, str, str, int]:
     ns = pod["metadata"].get("namespace", "")
-    text = _trial_env(pod)
     try:
-        work = parse_work(text or "")
+        work = Batch.from_env(_trial_env(pod) or "")
     except ValueError:
         return (ns, "", "", -1)
-    return (ns, work.run, work.target, work.index if isinstance(work, Trial) else -1)
+    return (ns, work.run, work.target, -1)
 
 
 class FleetSimulator:
@@ -189,7 +187,7 @@ class FleetSimulator:
     readable trial), ``outcomes`` (count per answered configuration's outcome, and one
     ``infra_error`` per batch Pod stopped by an infrastructure failure), ``ignored``
     (Pods on real nodes), ``lost`` (Pods left unanswered because their node was deleted),
-    ``terminated`` (batch Pods stopped mid-batch by their deletion), ``errors`` (API
+    ``terminated`` (Pods stopped mid-batch by their deletion), ``errors`` (API
     failures, most recent last). ``compiler`` compiles user source (its ``compiles`` counts
     NVRTC runs).
     """
@@ -412,11 +410,11 @@ class FleetSimulator:
                 self._running.discard(uid)
                 killed = self._batches.pop(uid, None)
         if not running:
-            # A batch Pod deleted while it measures is stopped; one that ended already is left alone.
+            # A trial Pod deleted while it measures is stopped; one that ended already is left alone.
             if deleting and phase == "Running":
                 if killed is not None:
                     self._submit(self._terminate_on_worker, killed, meta.get("resourceVersion", ""))
-                elif uid not in self._stopping and is_batch_text(_trial_env(pod) or ""):
+                elif uid not in self._stopping and _trial_env(pod) is not None:
                     self._stopping.add(uid)  # one try: its later events must not stop it again
                     self._submit(self._stop_untracked_on_worker, pod)
             return
@@ -462,14 +460,11 @@ class FleetSimulator:
             return
         labels = dict(node_meta.get("labels") or {})
         namespace = meta.get("namespace", "")
-        answer: Answer | BatchAnswer
         try:
             answer = self.answer(pod, labels, config_maps=lambda name: self._read_config_map(core, namespace, name))
-        except Exception as exc:  # a bug or an unreadable recording: fail this trial, not the loop
+        except Exception as exc:  # a bug or an unreadable recording: fail this Pod, not the loop
             self._record_error(f"answering {meta.get('namespace')}/{meta.get('name')}: {exc!r}")
-            answer = infra(f"internal error: {exc!r}")
-            if is_batch_text(_trial_env(pod) or ""):
-                answer = BatchAnswer.failed(answer)
+            answer = BatchAnswer.failed(infra(f"internal error: {exc!r}"))
         startup_s = self.startup.for_pod(self.seed, uid) if self.startup is not None else 0.0
         due = self._due(pod, node_meta.get("uid", ""), answer, began=began, startup_s=startup_s)
         with self._cv:
@@ -477,18 +472,18 @@ class FleetSimulator:
                 return
             self._seen.add(uid)
             heapq.heappush(self._heap, due)
-            # Only a batch Pod still running can be stopped mid-batch; one deleted meanwhile
-            # was ended by kwok already.
-            if isinstance(answer, BatchAnswer) and uid in self._running:
+            # Only a Pod still running can be stopped mid-batch; one deleted meanwhile was
+            # ended by kwok already.
+            if uid in self._running:
                 self._batches[uid] = due
             self._cv.notify_all()
-        if isinstance(answer, BatchAnswer) and answer.answers and self.podlogs.open(
+        if answer.answers and self.podlogs.open(
                 client.CustomObjectsApi(core.api_client), pod):
             for timed in answer.answers:  # each printed the moment it is measured, as the job image does
                 self.podlogs.print_at(uid, due.began + (startup_s + timed.at_s) * self.time_scale,
                                       Verdict.of(timed.index, timed.answer.result).line())
 
-    def _due(self, pod: dict[str, Any], node_uid: str, answer: Answer | BatchAnswer, *, began: float,
+    def _due(self, pod: dict[str, Any], node_uid: str, answer: BatchAnswer, *, began: float,
              startup_s: float = 0.0) -> _Due:
         """The Pod's answer, due when its simulated time is up."""
         meta = pod["metadata"]
@@ -509,35 +504,27 @@ class FleetSimulator:
         return config_map_data(json.loads(resp.data))
 
     def answer(self, pod: dict[str, Any], node_labels: dict[str, str],
-               config_maps: ConfigMapReader | None = None) -> Answer | BatchAnswer:
-        """The result for a Pod on a node with these labels: an :class:`Answer` for a trial,
-        a :class:`BatchAnswer` for a batch. ``config_maps`` reads the ConfigMaps of the Pod's
-        namespace (user source); it is the only API access."""
+               config_maps: ConfigMapReader | None = None) -> BatchAnswer:
+        """What a Pod on a node with these labels answers, on its timeline; a Pod whose batch
+        cannot be read stops before its first configuration (an infrastructure failure).
+        ``config_maps`` reads the ConfigMaps of the Pod's namespace (user source); it is the
+        only API access."""
         text = _trial_env(pod)
         pool_name = node_labels.get(POOL_LABEL)
         try:
             pool = self.fleet.pool(pool_name or "")
         except KeyError:
-            return self._unanswerable(text, infra(
+            return BatchAnswer.failed(infra(
                 f"node {pod['spec'].get('nodeName')} has no pool of the fleet ({POOL_LABEL}={pool_name})"))
         if text is None:
-            return infra(f"no {TRIAL_ENV} value in the pod's containers", pool, node_labels)
+            return BatchAnswer.failed(infra(f"no {TRIAL_ENV} value in the pod's containers", pool, node_labels))
         try:
-            work = parse_work(text)
+            work = Batch.from_env(text)
         except ValueError as exc:
-            return self._unanswerable(text, infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}",
-                                                  pool, node_labels))
-        if isinstance(work, Batch):
-            # Entry by entry as a one-trial Pod would answer it (user source is compiled once:
-            # the compiler caches its verdicts).
-            answers = [self._answer_trial(pod, trial, pool, node_labels, config_maps) for trial in work.trials()]
-            return answer_batch(work, answers, compile_slots(pool, _env(pod)))
-        return self._answer_trial(pod, work, pool, node_labels, config_maps)
-
-    @staticmethod
-    def _unanswerable(text: str | None, answer: Answer) -> Answer | BatchAnswer:
-        """An infrastructure failure, in the batch protocol when the Pod was given a batch."""
-        return BatchAnswer.failed(answer) if text is not None and is_batch_text(text) else answer
+            return BatchAnswer.failed(infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}", pool, node_labels))
+        # Entry by entry (user source is compiled once: the compiler caches its verdicts).
+        answers = [self._answer_trial(pod, trial, pool, node_labels, config_maps) for trial in work.trials()]
+        return answer_batch(work, answers, compile_slots(pool, _env(pod)))
 
     def _answer_trial(self, pod: dict[str, Any], trial: Trial, pool: NodePool, node_labels: dict[str, str],
                       config_maps: ConfigMapReader | None) -> Answer:
@@ -548,10 +535,14 @@ class FleetSimulator:
             return infra("the trial names neither a built-in kernel nor a source_path", pool, node_labels)
         with self._answering:  # the models (and their noise generators) are not shared between threads
             model = self.model(pool, kernel)
-            if model is None:
-                return infra(f"pool {pool.name} has no recording or synthetic model for kernel {kernel!r}",
-                             pool, node_labels)
-            return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
+            if model is not None:
+                return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
+        desc = BUILTINS.get(kernel)
+        if desc is None:
+            return infra(f"pool {pool.name} has no recording or synthetic model for kernel {kernel!r}, and it is "
+                         f"not a built-in kernel (built-ins: {', '.join(sorted(BUILTINS))})", pool, node_labels)
+        # Nobody recorded this kernel on this GPU: the model of the kernel itself (synthetic).
+        return answer_builtin(trial, pool, node_labels, desc, seed=self.seed, compile_s=self.compile_s)
 
     def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: NodePool, labels: dict[str, str],
                        config_maps: ConfigMapReader | None) -> Answer:
@@ -584,11 +575,11 @@ class FleetSimulator:
         except ValueError as exc:
             return invalid_configuration(Outcome.LAUNCH_ERROR, f"launch geometry: {exc}", pool, labels, compile_s=0)
         try:
-            options = compile_options(trial)
+            defines = compile_defines(trial)
         except ValueError as exc:
             return invalid_configuration(Outcome.COMPILE_ERROR, str(exc), pool, labels, compile_s=0)
         device = fingerprint(pool, labels, synthetic=True)
-        verdict = self.compiler.check(source, options, trial.kernel.function or "", device.compute_capability)
+        verdict = self.compiler.check(source, defines, trial.kernel.function or "", device.compute_capability)
         if verdict is not None:
             return invalid_configuration(Outcome.COMPILE_ERROR, verdict, pool, labels, compile_s=self.compile_s)
         refused = launch_refused(*geometry) if geometry else None
@@ -636,7 +627,7 @@ class FleetSimulator:
                 due.at = time.monotonic() + 1.0
                 with self._cv:
                     heapq.heappush(self._heap, due)
-                    if isinstance(due.answer, BatchAnswer) and due.uid in self._running:
+                    if due.uid in self._running:
                         self._batches[due.uid] = due  # still stoppable by its deletion meanwhile
                     self._cv.notify_all()
 
@@ -644,8 +635,7 @@ class FleetSimulator:
         with self._cv:
             # Deleted, being deleted, or ended meanwhile (run cancelled, Job deleted); a
             # batch's end or its deletion, whichever comes first, writes its status.
-            ended = due.uid not in self._running or (
-                isinstance(due.answer, BatchAnswer) and self._batches.pop(due.uid, None) is None)
+            ended = due.uid not in self._running or self._batches.pop(due.uid, None) is None
         if due.sent is not None and self._landed(core, due):
             return
         if ended:
@@ -690,10 +680,8 @@ class FleetSimulator:
         return True
 
     @staticmethod
-    def _keys(due: _Due, result: TrialResult | BatchResult) -> list[tuple[str, str, str, int]]:
-        """The trials a result answers: a trial Pod's own, or each of a batch's answers."""
-        if isinstance(result, TrialResult):
-            return [due.trial]
+    def _keys(due: _Due, result: BatchResult) -> list[tuple[str, str, str, int]]:
+        """The trials a result answers: each of its answers."""
         ns, run, target, _ = due.trial
         return [(ns, run, target, a.i) for a in result.answers]
 
@@ -714,7 +702,6 @@ class FleetSimulator:
         (default: by the clock); one whose simulated time was up had exited by itself.
         Written only over the running Pod last seen (its resourceVersion): a Pod that ended
         meanwhile keeps its status."""
-        assert isinstance(due.answer, BatchAnswer)
         self.podlogs.close(due.uid)  # killed: it prints nothing more
         if self._gone_with_node(core, due):
             return
@@ -817,26 +804,20 @@ class FleetSimulator:
             raise
         return True
 
-    def _answered(self, due: _Due, result: TrialResult | BatchResult, *, killed: bool = False) -> None:
-        single = isinstance(result, TrialResult)
-        counts = Counter([Outcome(result.outcome).value] if single else [Outcome(a.o).value for a in result.answers])
+    def _answered(self, due: _Due, result: BatchResult, *, killed: bool = False) -> None:
+        counts = Counter(Outcome(a.o).value for a in result.answers)
         with self._cv:
             if due.settled:  # a retry that read back what an earlier write stored, or the other path's
                 return
             due.settled = True
             self.answered.extend(self._keys(due, result))
             self.outcomes.update(counts)
-            if not single:
-                if killed:
-                    self.terminated += 1
-                elif not result.done:  # stopped by an infrastructure failure: a verdict on the Pod
-                    self.outcomes[Outcome.INFRA_ERROR.value] += 1
+            if killed:
+                self.terminated += 1
+            elif not result.done:  # stopped by an infrastructure failure: a verdict on the Pod
+                self.outcomes[Outcome.INFRA_ERROR.value] += 1
             self._cv.notify_all()
         synthetic = " (synthetic)" if result.fingerprint.synthetic else ""
-        if isinstance(result, TrialResult):
-            log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node, Outcome(result.outcome).value,
-                     f" {result.objective:.4g} ms" if result.objective else "", synthetic)
-            return
-        log.info("%s/%s on %s: batch %s%s%s", due.namespace, due.name, due.node,
-                 ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "with no answer",
+        log.info("%s/%s on %s: %s%s%s", due.namespace, due.name, due.node,
+                 ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no answer",
                  "" if result.done else f", stopped: {result.error}", synthetic)

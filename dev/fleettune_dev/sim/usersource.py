@@ -3,8 +3,9 @@
 A user-source trial names the path where its Pod mounts the run's ConfigMap key
 (``/etc/fleettune/kernel/<key>``). The simulator reads that key through the API, as the
 kubelet would to fill the volume, and compiles it with NVRTC for the node's compute
-capability with the defines the job would pass: a typo, an undefined parameter or a
-configuration ptxas rejects fails here exactly as on the GPU, without one. Nobody has
+capability as the job would compile it (the same defines written into the source, the same
+headers and options): a typo, an undefined parameter or a configuration ptxas rejects
+fails here exactly as on the GPU, without one. Nobody has
 measured the kernel, so a configuration that compiles gets its time from a smooth
 deterministic model of its numeric values (:func:`synthetic_measurement`), always marked
 synthetic.
@@ -118,16 +119,17 @@ def launch_refused(grid: Dims, block: Dims) -> str | None:
     return None
 
 
-def compile_options(trial: Trial) -> list[str]:
-    """The NVRTC defines of the job: every configuration entry and ``problem_size_<i>``
-    (plus, for source implementing a built-in's interface, that interface's defaults and
-    problem defines). Raises ValueError for a value that cannot be a compile-time constant."""
+def compile_defines(trial: Trial) -> dict[str, str]:
+    """The job's defines (name -> rendered value): every configuration entry and
+    ``problem_size_<i>`` (plus, for source implementing a built-in's interface, that
+    interface's defaults and problem defines). Raises ValueError for a name or value that
+    cannot be a compile-time constant."""
     from fleettune_job.kernels.base import as_int, define_value
-    from fleettune_job.prepare import user_options
+    from fleettune_job.prepare import user_defines
 
     problem_size = [int(n) for n in trial.problem_size]
     if trial.kernel.arguments is not None:  # a kernel with its own interface: the job's own defines
-        return list(user_options(trial.config, problem_size))
+        return user_defines(trial.config, problem_size)
     defines: dict[str, Any] = dict(trial.config)
     builtin = trial.kernel.builtin
     if builtin:
@@ -140,7 +142,7 @@ def compile_options(trial: Trial) -> list[str]:
             interface = desc.default_config | {k: as_int(k, v) for k, v in trial.config.items() if k in known}
             defines = interface | defines | desc.problem.defines(problem_size, interface)
     defines |= {f"problem_size_{i}": n for i, n in enumerate(problem_size)}
-    return [f"-D{name}={define_value(name, value)}" for name, value in sorted(defines.items())]
+    return {name: define_value(name, value) for name, value in sorted(defines.items())}
 
 
 class Compiler:
@@ -161,17 +163,20 @@ class Compiler:
 
         return nvrtc.available()
 
-    def check(self, source: str, options: list[str], function: str, compute_capability: str) -> str | None:
-        """None if the source compiles for the architecture and defines ``function``, else
-        the compiler's message. Raises RuntimeError when libnvrtc is missing."""
+    def check(self, source: str, defines: Mapping[str, str], function: str, compute_capability: str) -> str | None:
+        """None if the source compiles for the architecture with ``defines`` (rendered values)
+        and defines ``function``, else the compiler's message: the code and options the job
+        compiles. Raises RuntimeError when libnvrtc is missing."""
         from fleettune_job import nvrtc
 
-        key = (hashlib.sha256(source.encode()).hexdigest(), tuple(options), function, compute_capability)
+        code = nvrtc.program(source, defines)
+        options = nvrtc.job_options(nvrtc.header_options())
+        key = (hashlib.sha256(code.encode()).hexdigest(), options, function, compute_capability)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-            verdict = nvrtc.check_kernel(source, options, function, compute_capability)
+            verdict = nvrtc.check_kernel(code, options, function, compute_capability)
             self.compiles += 1
             self._cache[key] = verdict
             if len(self._cache) > self.max_entries:

@@ -339,7 +339,7 @@ class TargetSpec(Model):
 
 
 class QueueSpec(Model):
-    """The Kueue LocalQueue that admits a run's trial Jobs (docs/kueue.md)."""
+    """The Kueue LocalQueue that admits a run's trial Jobs (docs/operations/multikueue.md)."""
 
     name: str = Field(
         max_length=63, pattern=DNS_LABEL,
@@ -368,7 +368,9 @@ class JobTemplateSpec(Model):
         default=3600, ge=0, le=604_800,
         description="Backstop cleanup of finished trial Jobs (the operator deletes them once recorded).",
     )
-    backoff_limit: int = Field(default=2, ge=0, le=10, description="Retries after infrastructure failures.")
+    backoff_limit: int = Field(default=2, ge=0, le=10, description=(
+        "Not used (kept so that existing runs stay valid): a trial Job is never retried by the Job controller; "
+        "what its Pod did not answer is measured again in a new Job."))
     image_pull_secrets: list[LocalObjectReference] | None = Field(
         default=None, max_length=MAX_PULL_SECRETS,
         description="Secrets (in the run's namespace) to pull the job image with, added to those the operator's "

@@ -45,6 +45,10 @@ class Fingerprint(Model):
     synthetic: bool = Field(
         default=False, description="Simulated from a model of the device rather than from a recording."
     )
+    unverified: bool = Field(
+        default=False, description="The best configuration's outputs were never compared with the reference "
+        "(the fleet simulator cannot compute them): it may be a wrong one."
+    )
 
 
 class TunedFor(Model):
@@ -94,6 +98,9 @@ class TrialCounts(Model):
     queued: int = Field(
         default=0, description="Trials (configurations) whose Jobs wait for admission by their Kueue queue."
     )
+    pending: int = Field(
+        default=0, description="Trials (configurations) whose Pods wait to start (Pending: no node or GPU free yet)."
+    )
 
 
 class TargetStatus(TrialCounts):
@@ -104,6 +111,7 @@ class TargetStatus(TrialCounts):
     budget: int = Field(default=0, description="Trials this pool may run (budget.trialsPerTarget).")
     pods_running: int = Field(default=0, description="Trial Pods (Jobs) running now; each measures trialsPerPod.")
     pods_queued: int = Field(default=0, description="Trial Jobs waiting for admission by their Kueue queue.")
+    pods_pending: int = Field(default=0, description="Trial Pods created (and admitted) that have not started yet.")
     queued_since: str | None = Field(
         default=None, json_schema_extra=DATE_TIME, description="Since when the longest-waiting of them waits."
     )

@@ -8,11 +8,28 @@ from typing import Any
 from fleettune.api import TargetSpec
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.pool import Pool, iso_time
-from fleettune.fingerprint import FT_PRODUCT, GFD_PRODUCT, PoolFingerprint, pool_fingerprint
+from fleettune.fingerprint import FT_PRODUCT, GFD_PRODUCT, PoolFingerprint, node_eligible, pool_fingerprint
 
 PRODUCT_LABELS = (GFD_PRODUCT, FT_PRODUCT)
 
 Node = tuple[Mapping[str, str], bool]  # (labels, unschedulable)
+GPU_RESOURCE = "nvidia.com/gpu"  # what each trial Pod requests `targets[].gpus` of (`jobs.render_job`)
+
+
+def allocatable_gpus(node: Mapping[str, Any]) -> int | None:
+    """The GPUs a node offers to Pods (status.allocatable); None when it does not say (no
+    device plugin reporting yet, or a body without its status)."""
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+    try:
+        return max(0, int(str(value))) if value is not None else None
+    except ValueError:  # a quantity such as "1k" is not a GPU count a device plugin reports
+        return None
+
+
+def capacity_note(parallelism: int, gpus: int, per_pod: int, pods: int) -> str:
+    """The pool's message when its parallelism asks for more trial Pods than its GPUs run at once."""
+    each = f" ({per_pod} per trial Pod)" if per_pod > 1 else ""
+    return f"parallelism {parallelism} exceeds the pool's {gpus} GPUs{each}: {max(pods, 1)} at a time"
 
 
 def matching_nodes(nodes: Mapping[str, Node], target: TargetSpec) -> list[Node] | None:
@@ -88,6 +105,7 @@ class FleetView:
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
+        self.gpus: dict[str, int] = {}  # node name -> allocatable GPUs, of those that say
         self.version: tuple[int, float] | None = None  # (epoch, monotonic time) of the read
         # Per target: its nodes and fingerprint, until the nodes are read again (the sizes
         # of a target, and every step in between, share them).
@@ -97,12 +115,34 @@ class FleetView:
         return self.version is None or self.version[0] != epoch or mono - self.version[1] >= NODES_MAX_AGE_S
 
     def accept(self, nodes: Iterable[Mapping[str, Any]], epoch: int, mono: float) -> None:
+        nodes = list(nodes)
         self.nodes = {
             n["metadata"]["name"]: (n["metadata"].get("labels") or {}, bool(n.get("spec", {}).get("unschedulable")))
             for n in nodes
         }
+        self.gpus = {n["metadata"]["name"]: gpus for n in nodes if (gpus := allocatable_gpus(n)) is not None}
         self.version = (epoch, mono)
         self.views.clear()
+
+    def capacity(self, target: TargetSpec) -> tuple[int, int] | None:
+        """(GPUs, trial Pods) the target's schedulable nodes run at once: their allocatable
+        GPUs, and how many Pods of `target.gpus` GPUs each fit on them. None when it is not
+        known: the target selects by affinity only, or none of its nodes reports its GPUs
+        (then the scheduler, not the operator, bounds what runs)."""
+        if not target.node_selector:
+            return None
+        want = target.node_selector.items()
+        gpus = pods = 0
+        known = False
+        for name, (labels, cordoned) in self.nodes.items():
+            if not all(labels.get(k) == v for k, v in want) or not node_eligible(
+                    labels, cordoned, target.allow_shared_gpus)[0]:
+                continue
+            if (free := self.gpus.get(name)) is not None:
+                known = True
+                gpus += free
+                pods += free // target.gpus
+        return (gpus, pods) if known else None
 
     def of(self, target: TargetSpec) -> tuple[list[Node] | None, PoolFingerprint | None]:
         """The target's nodes (None: it selects by affinity only) and their fingerprint."""

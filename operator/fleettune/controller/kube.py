@@ -7,46 +7,41 @@ Jobs and nodes can be served from a `fleettune.controller.watch.WatchCache` fed 
 operator's own watches (kopf's Job and node events), and the verdicts of trial Pods from
 its `EndedPods`.
 
-With ``background_deletes``, ``delete_job`` hands the deletion to a few background threads
-and returns at once (the Job is already out of the cache): a run reacts to a finished trial
-without waiting for the apiserver to delete the trials before it. A deletion that fails is
-logged and the Job put back on the next list, where the run finds it and deletes it again.
-Only a few deletions may wait at a time: past that, ``delete_job`` deletes in the caller's
-thread, so that a slow apiserver slows the runs down instead of piling up finished Jobs.
+With ``background_deletes``, ``delete_job`` hands the deletion to a
+`fleettune.controller.deleter.BackgroundDeleter` and returns at once (the Job is already out
+of the cache); with ``follow_answers``, running batch Pods' logs are read for their answers
+by `fleettune.controller.logfollow.LogFollowers`. Both modules state their contracts.
 
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from fleettune import GROUP, PLURAL, VERSION
+from fleettune.controller.deleter import BackgroundDeleter
+from fleettune.controller.logfollow import LogFollowers
 from fleettune.controller.watch import (
     EndedPods,
     StreamedAnswers,
     WatchCache,
     job_name_of,
-    owning_job_uid,
     parse_selector,
 )
 from fleettune.kubeapi import manifest, raw_json
 from fleettune.labels import JOB_NAME_LABEL, MANAGED_BY, MANAGER
 from fleettune.names import bounded
-from fleettune_job.protocol import CONTAINER_NAME, MAX_MESSAGE_BYTES, Answer
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +65,7 @@ WORKER_KUBECONFIGS_ENV = "FLEETTUNE_WORKER_KUBECONFIGS"
 
 
 def load_workers(directory: str | None = None) -> dict[str, client.ApiClient]:
-    """Clients of the worker clusters that MultiKueue dispatches trial Jobs to (docs/kueue.md),
+    """Clients of the worker clusters that MultiKueue dispatches trial Jobs to (docs/operations/multikueue.md),
     one per entry of ``directory`` (default: $FLEETTUNE_WORKER_KUBECONFIGS): a kubeconfig
     file, or a folder holding a file ``kubeconfig`` (a mounted Secret), named by the entry.
     MultiKueue mirrors a worker's Job status, not its Pods: the operator reads a dispatched
@@ -92,10 +87,6 @@ def load_workers(directory: str | None = None) -> dict[str, client.ApiClient]:
     return workers
 
 
-def _timed_out(exc: BaseException) -> bool:
-    return isinstance(exc, urllib3.exceptions.ReadTimeoutError | TimeoutError) or "timed out" in str(exc)
-
-
 def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
                  call: Callable[[], Any]) -> list[dict[str, Any]]:
     """``selector``'s objects from ``cache`` when it is fresh, else from ``call`` (a raw list
@@ -112,25 +103,6 @@ def _cached_list(cache: WatchCache | None, namespace: str, selector: str,
     return items
 
 
-FOLLOW_ANSWERS_ENV = "FLEETTUNE_FOLLOW_ANSWERS"
-DEFAULT_FOLLOW_ANSWERS = 64
-# A followed log that says nothing for this long is opened again if its Pod still runs (a
-# node may have gone without closing the stream); answers read twice are kept once.
-FOLLOW_IDLE_S = 30.0
-FOLLOW_RETRIES, FOLLOW_RETRY_S = 20, 0.5  # a log not there yet is asked for again, this often
-
-
-def follow_answers_from_env() -> int:
-    """How many running batch Pods' logs the operator reads at once (0: none; their answers
-    then come with their termination messages only)."""
-    raw = os.environ.get(FOLLOW_ANSWERS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_FOLLOW_ANSWERS
-    if not raw.isdigit():
-        raise ValueError(f"{FOLLOW_ANSWERS_ENV}={raw!r}: expected a whole number of Pods >= 0")
-    return int(raw)
-
-
 class Kube:
     DELETERS = 8  # background deletion threads
     WORKER_NODES_MAX_AGE_S = 10.0  # how long the MultiKueue workers' nodes, as listed, serve every run
@@ -144,8 +116,7 @@ class Kube:
         # ``follow_answers`` Pods at once, on connections of their own: a followed log holds
         # its connection for the Pod's life, and must not starve the steps' calls.
         self.streamed = streamed if streamed is not None else StreamedAnswers()
-        self._follows = threading.BoundedSemaphore(follow_answers) if follow_answers > 0 else None
-        self._follow_slots = follow_answers
+        self.followers = LogFollowers(self.api, self.streamed, follow_answers)
         self.workers = dict(workers or {})  # MultiKueue worker clusters, by name (`load_workers`)
         self.remote_pods = EndedPods(key=job_name_of)  # the workers' trial Pods, by Job name
         self._watched: set[str] = set()  # namespaces whose trial Pods are watched in every worker
@@ -154,78 +125,18 @@ class Kube:
         self.job_cache = job_cache
         self.node_cache = node_cache
         self.ended_pods = ended_pods
-        self._deleter = (ThreadPoolExecutor(max_workers=self.DELETERS, thread_name_prefix="fleettune-delete")
-                         if background_deletes and job_cache is not None else None)
-        self._deleting = threading.BoundedSemaphore(2 * self.DELETERS)
+        self.deleter = (BackgroundDeleter(job_cache, self._delete_job, self.DELETERS)
+                        if background_deletes and job_cache is not None else None)
 
     @cached_property
     def core(self) -> client.CoreV1Api:
         return client.CoreV1Api(self.api)
 
-    @cached_property
-    def _log_core(self) -> client.CoreV1Api:
-        cfg = copy.copy(self.api.configuration)
-        cfg.connection_pool_maxsize = self._follow_slots
-        return client.CoreV1Api(client.ApiClient(cfg))
-
     def follow_answers(self, pod: Mapping[str, Any], on_answer: Callable[[], object]) -> bool:
-        """Read a running batch Pod's log as it is written, in a thread of its own, into
-        `streamed` (by its Job's uid); ``on_answer`` is called (from that thread) after
-        each new answer. Once per Pod; False when not started (already read, following
-        off, or as many Pods followed as allowed: that Pod's answers come at its end)."""
-        meta = pod.get("metadata") or {}
-        namespace, name, uid, job = meta.get("namespace"), meta.get("name"), meta.get("uid"), owning_job_uid(pod)
-        if self._follows is None or not (namespace and name and uid and job):
-            return False
-        if not self._follows.acquire(blocking=False):
-            return False
-        if not self.streamed.claim(uid, namespace, job):
-            self._follows.release()
-            return False
-        threading.Thread(target=self._follow, args=(namespace, name, job, on_answer), daemon=True,
-                         name=f"fleettune-answers-{name}"[:60]).start()
-        return True
-
-    def _follow(self, namespace: str, pod: str, job: str, on_answer: Callable[[], object]) -> None:
-        assert self._follows is not None
-        refused = 0
-        try:
-            while self.streamed.wanted(namespace, job):
-                try:
-                    if self._read_answers(namespace, pod, job, on_answer):
-                        return  # the stream ended: so did the container
-                except ApiException as exc:
-                    # 400: no log yet (a container starting; a fake node given its log file
-                    # a moment after the Pod ran): ask again shortly. Else, or for too long,
-                    # only the head start is lost: the answers come with the termination message.
-                    refused += 1
-                    if exc.status != 400 or refused > FOLLOW_RETRIES:
-                        log.debug("reading the answers of Pod %s/%s: %s", namespace, pod, bounded(str(exc), 300))
-                        return
-                    time.sleep(FOLLOW_RETRY_S)
-                except (OSError, urllib3.exceptions.HTTPError) as exc:
-                    if not _timed_out(exc):  # a broken connection: the node or apiserver away
-                        log.debug("reading the answers of Pod %s/%s: %s", namespace, pod, bounded(str(exc), 300))
-                        return
-        finally:
-            self._follows.release()
-
-    def _read_answers(self, namespace: str, pod: str, job: str, on_answer: Callable[[], object]) -> bool:
-        resp: Any = self._log_core.read_namespaced_pod_log(pod, namespace, container=CONTAINER_NAME, follow=True,
-                                                      _preload_content=False, _request_timeout=(10, FOLLOW_IDLE_S))
-        try:
-            pending = b""
-            for chunk in resp.stream(4096, decode_content=True):
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    answer = Answer.from_line(line.decode(errors="replace").rstrip("\r"))
-                    if answer is not None and self.streamed.add(namespace, job, answer):
-                        on_answer()
-                if len(pending) > MAX_MESSAGE_BYTES:
-                    pending = b""  # no answer is that long: not one of ours
-            return True
-        finally:
-            resp.release_conn()
+        """Read a running batch Pod's log as it is written, into `streamed` (by its Job's uid);
+        ``on_answer`` is called (from the follower's thread) after each new answer. False when
+        not started (`LogFollowers.follow`: that Pod's answers then come at its end)."""
+        return self.followers.follow(pod, on_answer)
 
     @cached_property
     def batch(self) -> client.BatchV1Api:
@@ -381,13 +292,7 @@ class Kube:
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and its Pods (gone already is fine); in the background with ``background_deletes``."""
-        if self._deleter is not None and self.job_cache is not None and self._deleting.acquire(blocking=False):
-            uid = self.job_cache.deleted(namespace, name)
-            try:
-                self._deleter.submit(self._delete_in_background, namespace, name, uid)
-            except RuntimeError:  # shut down: delete here
-                self._deleting.release()
-                self._delete_job(namespace, name)
+        if self.deleter is not None and self.deleter.delete(namespace, name):
             return
         self._delete_job(namespace, name)
         if self.job_cache is not None:
@@ -404,16 +309,6 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-    def _delete_in_background(self, namespace: str, name: str, uid: str | None) -> None:
-        try:
-            self._delete_job(namespace, name)
-        except Exception as exc:  # the next list shows the Job again, and its run deletes it again
-            log.warning("deleting Job %s/%s failed, will retry: %s", namespace, name, str(exc)[:200])
-            assert self.job_cache is not None
-            self.job_cache.undelete(namespace, uid)
-        finally:
-            self._deleting.release()
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
@@ -446,12 +341,24 @@ class Kube:
                                                            _preload_content=False)
         return str(raw_json(resp)["metadata"]["resourceVersion"])
 
-    def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str, *,
+                   count: int = 1, name: str | None = None) -> str | None:
         """A core/v1 Event about ``involved`` (apiVersion, kind, name, namespace, uid): what
-        `kubectl describe` and `kubectl events` show. Best effort: an event is never worth
-        failing a step for."""
+        `kubectl describe` and `kubectl events` show. With ``name`` (an Event this process
+        wrote, `fleettune.controller.events`), that Event is updated to ``count`` occurrences,
+        as Kubernetes' recorder does for a repeated event; a new one is created if it is
+        gone (Events expire) or cannot be updated. Returns the Event's name, None when it
+        could not be written: best effort, an event is never worth failing a step for."""
         when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         namespace = involved["namespace"]
+        if name is not None:
+            patch = {"count": count, "lastTimestamp": when, "message": bounded(message, 1024)}
+            try:
+                self.core.patch_namespaced_event(name, namespace, patch, _preload_content=False)
+                return name
+            except Exception as exc:
+                if not isinstance(exc, ApiException) or exc.status != 404:
+                    log.warning("updating event %s on %s failed: %s", reason, involved.get("name"), str(exc)[:200])
         body = {
             "metadata": {"generateName": f"{involved['name'][:200]}.", "namespace": namespace},
             "involvedObject": dict(involved),
@@ -463,12 +370,14 @@ class Kube:
             "reportingInstance": "fleettune-operator",
             "firstTimestamp": when,
             "lastTimestamp": when,
-            "count": 1,
+            "count": count,
         }
         try:
-            raw_json(self.core.create_namespaced_event(namespace, manifest(body), _preload_content=False))
+            created = raw_json(self.core.create_namespaced_event(namespace, manifest(body), _preload_content=False))
         except Exception as exc:
             log.warning("posting event %s on %s failed: %s", reason, involved.get("name"), str(exc)[:200])
+            return None
+        return str(created.get("metadata", {}).get("name") or "") or None
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(

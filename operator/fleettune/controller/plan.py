@@ -4,14 +4,19 @@
 A Job is decided when the Job controller marks it Complete or Failed, or earlier, when the
 watch saw its Pod end decisively (`results.decisive_end`): the record is taken then, so
 the pool's next trial starts at once, and the Job is deleted once the Job controller is
-done with it (one deleted earlier leaves its Pod to the slower orphan path). A batch Job
-gives one record per configuration, stored together.
+done with it (one deleted earlier leaves its Pod to the slower orphan path). Every trial
+Job is a batch (a batch of one where a Pod measures one configuration); it gives one
+record per configuration, stored together.
 
 A Job suspended again after its Pod ran (Kueue preempted it) is waiting, not failing: the
 answers its Pod wrote are kept; the configurations it did not answer are handed back to
 its pool (`Plan.requeue`) and the Job is deleted, so that a re-admission never measures the
-answered ones twice. A preempted one-configuration Job, whose Pod ended without a verdict,
-stays: Kueue runs it again once it re-admits it.
+answered ones twice.
+
+A one-configuration Job of an operator before every Job was a batch
+(`jobs.from_earlier_version`), still running after an upgrade or ended and not recorded,
+is deleted and its configuration handed back the same way: measured again, first, in a
+batch Job; its protocol is no longer read.
 
 A Job the Job controller has lost track of (still running `jobs.STALL_GRACE_S` past its
 deadline) is deleted the same way: what its Pod answered is kept, the rest is measured
@@ -25,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleettune.controller.reporting import Report
-from fleettune.jobs import STALL_GRACE_S, entries_of, past_deadline_s, suspended, work_of
+from fleettune.jobs import STALL_GRACE_S, entries_of, from_earlier_version, past_deadline_s, suspended, work_of
 from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
 from fleettune.metrics import TrialTimings, trial_timings
-from fleettune.results import TrialRecord, early_records, job_finished, record_from_job, records_from_batch_job
+from fleettune.results import TrialRecord, early_records, job_finished, records_from_job
 from fleettune.sizes import size_of_key
-from fleettune_job.protocol import Answer, Batch, Trial
+from fleettune_job.protocol import Answer, Batch
 
 Job = dict[str, Any]
 RecordKey = tuple[int, str, int]  # (round, pool key, trial index): what the store is keyed by
@@ -90,6 +95,8 @@ class Plan:
     preempted: list[tuple[str, str, int, int]] = field(default_factory=list)  # (Job, pool, answered, re-queued)
     # (Job, pool, seconds past its deadline, answered, re-queued): Jobs the Job controller lost track of.
     stalled: list[tuple[str, str, float, int, int]] = field(default_factory=list)
+    # (Job, pool, re-queued): one-configuration Jobs of an earlier version, deleted.
+    superseded: list[tuple[str, str, int]] = field(default_factory=list)
     # Provisional records of the entries running Pods have answered in their logs: learnt
     # from and reported, not stored (the termination message brings them to the store).
     early: list[TrialRecord] = field(default_factory=list)
@@ -124,7 +131,7 @@ def pods_needed(jobs: Sequence[Job], ended: Mapping[str, Job], stored: Container
             if job_finished(job) and job["metadata"]["name"] not in ended and not recorded(job, stored)]
 
 
-def _size(target: str, work: Trial | Batch) -> list[int] | None:
+def _size(target: str, work: Batch) -> list[int] | None:
     """The problem size to record: the work's, when the pool is one of several sizes."""
     return work.problem_size if size_of_key(target) is not None else None
 
@@ -135,7 +142,7 @@ def _stalled(job: Job, target: str, late_s: float, obs: Observed, plan: Plan) ->
     name = job["metadata"]["name"]
     work = work_of(job)
     kept: list[TrialRecord] = []
-    if isinstance(work, Batch) and (answers := obs.answers.get(name)):
+    if answers := obs.answers.get(name):
         kept = early_records(job, work, answers, round_of(job), _size(target, work))
     plan.records += [r for r in kept if (r.round, r.target, r.index) not in obs.stored]
     answered = {r.index for r in kept}
@@ -154,6 +161,12 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
         name = job["metadata"]["name"]
         target, _ = job_labels(job)
         ended = obs.ended.get(name)
+        if from_earlier_version(job):
+            if not recorded(job, obs.stored):
+                back = plan.hand_back(target, job, ()) if rounds.get(target) == round_of(job) else 0
+                plan.superseded.append((name, target, back))
+            plan.delete_now.append(name)
+            continue
         if not job_finished(job) and ended is None:
             if rounds.get(target) != round_of(job):
                 # A trial of a removed pool, or of an older round (older driver or space),
@@ -165,8 +178,7 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
                 running.setdefault(target, []).append(job)
                 if answers := obs.answers.get(name):
                     work = work_of(job)
-                    if isinstance(work, Batch):
-                        plan.early += early_records(job, work, answers, round_of(job), _size(target, work))
+                    plan.early += early_records(job, work, answers, round_of(job), _size(target, work))
             continue
         # Finished, or its Pod's end already decides it: no need to wait for the Job
         # controller to record it and start the next trial. Deleting it can wait: a Job
@@ -179,11 +191,8 @@ def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, l
             work = work_of(job)
             size = _size(target, work)
             preempted = suspended(job) and not job_finished(job)
-            if isinstance(work, Batch):
-                new = records_from_batch_job(job, pods, work, round_of(job), size, answered_only=preempted,
-                                             streamed=obs.answers.get(name))
-            else:
-                new = [record_from_job(job, pods, work.config, round_of(job), size)]
+            new = records_from_job(job, pods, work, round_of(job), size, answered_only=preempted,
+                                   streamed=obs.answers.get(name))
             if preempted and rounds.get(target) == round_of(job):
                 answered = {r.index for r in new}
                 back = plan.hand_back(target, job, answered)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from fleettune.admission import TrialPolicy
-from fleettune.api import QueueSpec, TuningRunSpec, TuningRunStatus
+from fleettune.api import BudgetSpec, QueueSpec, TuningRunSpec, TuningRunStatus
+from fleettune.controller.batches import batch_sizes, free_slots, pods_at_once
 from fleettune.controller.fleet import (
     DEFAULT_NODE_WAIT_S,
-    PENDING_WITHOUT_NODES,
     FleetView,
     compute_capability,
     product_of,
@@ -36,22 +36,40 @@ from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
 from fleettune.controller.warmstart import WarmStarts
 from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
-from fleettune.jobs import entries_of, queue_of, render_job, suspended
+from fleettune.jobs import entries_of, queue_of, render_job
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
 from fleettune.names import bounded
-from fleettune.optimize.batching import batch_size, queue_slots, slow_start
 from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
 from fleettune.results import Records, TrialRecord
 from fleettune.sizes import pool_key
 from fleettune_job.protocol import Outcome
 
 NODE_RECHECK_S = 30.0
-AUTO_MAX_BATCH = 16  # trials per Pod when the size is chosen: beyond it the optimiser suggests blind
 
 
 def _back_in_queue(n: int) -> str:
     return f"{n} configuration(s) back in the queue, none counted as failed"
+
+
+def reopened(old: BudgetSpec | None, new: BudgetSpec) -> str:
+    """The message of a finished pool that a spec edit opens again: what was raised."""
+    raised = []
+    if old is not None and new.trials_per_target > old.trials_per_target:
+        raised.append(f"budget.trialsPerTarget raised from {old.trials_per_target} to {new.trials_per_target}")
+    if old is not None and old.deadline_seconds is not None and (
+            new.deadline_seconds is None or new.deadline_seconds > old.deadline_seconds):
+        raised.append(f"budget.deadlineSeconds raised from {old.deadline_seconds} to {new.deadline_seconds or 'none'}")
+    return f"{'; '.join(raised) or 'the spec changed'}: tuning again"
+
+
+def drop_finished_studies(pools: Iterable[Pool]) -> None:
+    """A finished run's loop lives until the run is deleted: its finished pools keep no
+    model (a study holds its candidate set, tens of MiB for a large space), only their
+    space and records. A new round or a larger budget builds one again."""
+    for pool in pools:
+        if pool.done:
+            pool.study = None
 
 
 class Planner:
@@ -75,6 +93,7 @@ class Planner:
         self.restored: dict[str, Any] = {}
         self.started = False  # past the run's first step (or restarted with a status)
         self.forgotten: list[str] = []  # pools removed from the spec, for the metrics to drop
+        self.capacity_notes: dict[str, str] = {}  # pool key -> why it runs fewer Pods than its parallelism
         self.reporter = Reporter(log)
 
     @property
@@ -109,6 +128,7 @@ class Planner:
         self.spec_generation = generation
         self.source.reset()
         self.warm.reset()
+        old_budget = self.spec.budget if self.spec is not None else None
         try:
             spec = checked_spec(raw, self.policy)
         except SpecError as exc:
@@ -134,8 +154,8 @@ class Planner:
                     pool.restore(self.restored.get(key), records)
                 else:
                     pool.spec = target
-                    if pool.phase == PoolPhase.SUCCEEDED:
-                        pool.move(PoolPhase.RUNNING, pool.message)  # a larger budget re-opens a finished pool
+                    if pool.phase == PoolPhase.SUCCEEDED:  # a larger budget re-opens a finished pool
+                        pool.move(PoolPhase.RUNNING, reopened(old_budget, spec.budget))
                 if space_changed:
                     self._new_round(pool, "the search space changed", wall)
                 elif pool.phase != PoolPhase.FAILED:
@@ -211,12 +231,25 @@ class Planner:
         if self.spec.kernel.source is None:
             return None
         if self.source.text is None:
+            if self.source.digest is not None:
+                return None  # it tuned a source before: `plan` keeps what was measured in the status
             # The ConfigMap may be applied after the run (GitOps order): wait for it.
-            return Report("Pending", [], "SourceNotFound", self.spec_error or "waiting for the kernel source")
+            return Report("Pending", [], "SourceNotFound", self.source.waiting(self.spec, self.spec_error))
         if self.source.broken:
             # It did not compile: wait (polling) for the user to fix it.
             return Report("Failed", [], "InvalidSpec", self.spec_error or "invalid kernel source")
         return None
+
+    def results_lost(self, lost: Sequence[TrialRecord]) -> None:
+        """Records whose results ConfigMap was deleted: the studies are rebuilt from the
+        records that remain (what the status counts and the budget spends), and no new
+        trial takes the index of a lost one (its Job may still be being deleted)."""
+        for pool in self.pools.values():
+            mine = [r.index for r in lost if r.target == pool.key]
+            if mine:
+                pool.index_floor = max(pool.index_floor, max(mine) + 1)
+                if pool.phase != PoolPhase.FAILED:
+                    pool.study = None
 
     # ------------------------------------------------------------------ nodes
 
@@ -269,7 +302,11 @@ class Planner:
             plan.report = blocked
             return plan
         assert self.spec is not None
-        failed = self._set_up_pools(obs)
+        # A source gone mid-run (its ConfigMap deleted): no new trial starts, but the running
+        # ones are recorded and the status keeps every pool's results while the run waits.
+        waiting = self.spec.kernel.source is not None and self.source.text is None
+        self.capacity_notes = {}
+        failed = self._set_up_pools(obs) if not waiting else None
         if failed is not None:
             plan.report = failed
             return plan
@@ -284,6 +321,9 @@ class Planner:
                     f"track of it; deleted, {answered} answer(s) kept, {back} configuration(s) go back to the pool")
             self.events.append(("Warning", "TrialJobStalled", note))
             self.log.warning("%s", note)
+        for job, key, back in plan.superseded:
+            self.log.info("%s: trial Job %s of an earlier operator version deleted, %d configuration(s) go back "
+                          "to the pool", key, job, back)
         if plan.early:  # an answer already recorded is not early (a crash between two writes)
             fresh = {(r.round, r.target, r.index) for r in plan.records}
             plan.early = [r for r in plan.early
@@ -294,10 +334,20 @@ class Planner:
         early = {(r.target, r.index) for r in plan.early}
         self._feed_studies(records)
         for pool in self.pools.values():
-            if pool.study is not None and not pool.done:
+            if pool.study is not None and not pool.done and not waiting:
                 self._advance(pool, running.setdefault(pool.key, []), records, early, obs, plan)
         queues = {key: self._queue(pool) for key, pool in self.pools.items()}
-        plan.report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
+        report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
+        if self.capacity_notes:
+            report = replace(report, targets=[
+                t.model_copy(update={"message": "; ".join(filter(None, (t.message, capped)))})
+                if (capped := self.capacity_notes.get(t.name)) else t for t in report.targets])
+        if waiting and not report.finished:
+            report = replace(report, phase="Pending", reason="SourceNotFound",
+                             message=self.source.waiting(self.spec, self.spec_error, kept=sum(
+                                 r.is_observation for r in [*obs.records, *plan.records])))
+        plan.report = report
+        drop_finished_studies(self.pools.values())
         return plan
 
     def _queue(self, pool: Pool) -> QueueSpec | None:
@@ -310,6 +360,8 @@ class Planner:
         for pool in self.pools.values():
             if not self._track_fleet(pool, obs) or pool.phase == PoolPhase.FAILED:
                 continue
+            if pool.done and pool.space is not None:
+                continue  # its study went when it finished (see `plan`); the space serves predictions
             if pool.study is None and (waiting := self._earlier_sizes_running(pool)):
                 pool.move(PoolPhase.PENDING, f"waiting for {waiting} to finish (warm start)")
                 continue
@@ -407,7 +459,7 @@ class Planner:
         rules = Budget(budget.trials_per_target, budget.max_infra_failures, budget.deadline_seconds)
         progress = Progress(
             # A batch Pod that died is one failure of the infrastructure, however many trials it held.
-            observations=observations, infra_failures=len({r.job or r.index for r in infra}),
+            observations=observations, infra_failures=len({r.job or r.index for r in infra}), infra_trials=len(infra),
             elapsed_s=obs.wall - (pool.round_started or obs.wall), running=len(running),
             last_infra_error=next((r.error for r in reversed(infra) if r.error), ""),
             study_reason=pool.study.should_stop(patience=budget.patience) if budget.patience is not None else None,
@@ -419,18 +471,18 @@ class Planner:
             if nodes is not None and not nodes:
                 self._withdraw(pool, running, plan)
             return
-        parallel = budget.parallelism if pool.nodes_missing_since is None else PENDING_WITHOUT_NODES
-        slots = parallel - len(running)
-        if self._queue(pool) is not None:
-            waiting = sum(map(suspended, running))
-            slots = queue_slots(slots, len(running) - waiting, waiting)
+        at_once, capped = pods_at_once(budget.parallelism, self.fleet.capacity(pool.spec), pool.spec.gpus)
+        if capped is not None:
+            self.capacity_notes[pool.key] = capped
+        slots = free_slots(at_once, running, pool.nodes_missing_since is not None, self._queue(pool) is not None)
         left = budget.trials_per_target - observations - len(in_flight)
         if slots <= 0 or left <= 0:
             return
         pending = [config for i, config in in_flight if (pool.key, i) not in early]
         keys = {r.key for r in mine if r.is_observation} | {pool.space.key(c) for c in pending}
         default_first = pool.default_config is not None and pool.default_key not in keys
-        aim, sizes = self._batch_sizes(pool, mine, slots, left, default_first, observations, len(in_flight))
+        aim, sizes = batch_sizes(budget, pool.study.learns, mine, slots, left, default_first, observations,
+                                 len(in_flight), at_once)
         configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
         # What preempted Jobs did not measure goes first: it was chosen already, and is still unmeasured.
         taken = keys | ({pool.default_key} if default_first else set())
@@ -470,9 +522,9 @@ class Planner:
             keyed = [(c, pool.space.key(c)) for c in group]
             body = render_job(
                 run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
-                index=index, config=group[0], config_key=keyed[0][1], pin=pin, node_expressions=avoid,
+                index=index, configs=keyed, pin=pin, node_expressions=avoid,
                 key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest, policy=self.policy,
-                batch=keyed[1:], best_ms=None if any(k == pool.default_key for _, k in keyed) else best_ms,
+                best_ms=None if any(k == pool.default_key for _, k in keyed) else best_ms,
             )
             index += len(group)
             for labels in (body["metadata"]["labels"], body["spec"]["template"]["metadata"]["labels"]):
@@ -482,32 +534,3 @@ class Planner:
             plan.create.append(body)
             running.append(body)
         pool.trials_per_pod = aim
-
-    def _batch_sizes(self, pool: Pool, mine: Sequence[TrialRecord], slots: int, left: int,
-                     default_first: bool, observed: int, outstanding: int) -> tuple[int, list[int]]:
-        """The size the pool's Pods aim at, and the trials per new Pod, one size per free
-        slot, `left` at most in all. The default configuration (the baseline) goes first:
-        with a chosen size, in the first Pod, with the strategy's first (blind) picks
-        (`batch_size` with nothing measured); with a fixed one, alone. No Pod takes more than
-        the target's results leave room for (`slow_start`) when the size is fixed and the
-        strategy learns from results: the chosen size keeps the Pods of a pool within
-        MAX_OUTSTANDING configurations already, and a ramp would only add start-ups
-        (docs/bench-timeline.md)."""
-        assert self.spec is not None and pool.study is not None
-        budget = self.spec.budget
-        ramp = budget.trials_per_pod is not None and pool.study.learns
-        if budget.trials_per_pod is not None:
-            k = budget.trials_per_pod
-        else:
-            measured = [r.run_s for r in mine if r.run_s is not None and r.is_observation]
-            k = batch_size(measured, float(budget.pod_seconds), AUTO_MAX_BATCH, left, pods=budget.parallelism)
-        sizes = [1] if default_first and budget.trials_per_pod is not None else []
-        left -= len(sizes)
-        # Spread what is left of the budget over the free slots rather than filling the first.
-        aim = k
-        k = max(1, min(k, -(-left // max(slots - len(sizes), 1))))
-        while len(sizes) < slots and left > 0:
-            ramped = slow_start(k, observed, outstanding + sum(sizes)) if ramp else k
-            sizes.append(min(ramped, left))
-            left -= sizes[-1]
-        return aim, sizes

@@ -38,6 +38,7 @@ def entries(pools: Iterable[Pool], records: Sequence[TrialRecord], kernel: str) 
                 pool=pool.spec.name, problem_size=pool.problem_size, config=best[0].config,
                 time_ms=best[0].objective, fingerprint=pool.tuned_for or GpuFingerprint(),
                 trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at, kernel=kernel,
+                verified=not (best[0].fingerprint is not None and best[0].fingerprint.unverified),
             ))
     return out
 

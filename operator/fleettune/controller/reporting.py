@@ -18,11 +18,12 @@ from fleettune.controller.pool import Pool, iso_time
 from fleettune.jobs import entries_of, suspended, suspended_since
 from fleettune.metrics import parse_time
 from fleettune.results import TrialRecord
-from fleettune.status import TOP_K, fit_status, run_status, status_budget, target_status
+from fleettune.status import TOP_K, fit_status, run_status, said, status_budget, target_status
 
 Event = tuple[str, str, str]  # (type, reason, message)
 
 PREDICT_EVERY_S = 30.0
+BASIS_MAX = 400  # characters of a prediction's basis: its factors, then what the model saw
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class Report:
     message: str
     finished: bool = False  # nothing left to do for this generation
     queue: tuple[bool, str, str] | None = None  # the QueueDelayed condition, when trials are queued
+
+
+def _started(job: Mapping[str, Any]) -> bool:
+    """Whether the Job's Pod runs (the Job controller counts it ready); else it is Pending,
+    waiting for a node or a GPU, and not counted as running."""
+    return int((job.get("status") or {}).get("ready") or 0) > 0
 
 
 class Reporter:
@@ -51,6 +58,8 @@ class Reporter:
     def restore(self, previous: TuningRunStatus) -> None:
         # After a restart, what the status already says was announced before.
         ready = next((c.reason for c in previous.conditions if c.type == "Ready"), "")
+        if previous.phase == "Succeeded":
+            ready = "Tuned"  # Ready may name an unwritten ConfigMap instead; the run's own reason is this
         self.announced = {t.name: t.phase for t in previous.targets} | {"": f"{previous.phase}/{ready}"}
 
     def report(self, spec: TuningRunSpec, pools: Mapping[str, Pool], running: Mapping[str, list[Any]],
@@ -74,17 +83,21 @@ class Reporter:
                                f"LocalQueue {spec_queue.name} (more than maxWaitSeconds "
                                f"{spec_queue.max_wait_seconds})")
             mine = pool.records(records)
-            live = {j["metadata"]["name"] for j in jobs if not suspended(j)}
+            # Admitted (or never queued), but not yet running: their Pods wait for a node or a GPU.
+            waiting = [j for j in jobs if not suspended(j) and not _started(j)]
+            live = {j["metadata"]["name"] for j in jobs if not suspended(j) and _started(j)}
             status = target_status(
                 name=pool.key, phase=pool.phase.value, budget=spec.budget.trials_per_target,
                 records=mine,
                 # A running Pod's entries less those it has answered already (`Plan.early`).
-                running=sum(len(entries_of(j)) for j in jobs if not suspended(j)) - sum(r.job in live for r in mine),
+                running=sum(len(entries_of(j)) for j in jobs if j["metadata"]["name"] in live)
+                - sum(r.job in live for r in mine),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
                 message=pool.message, tuning_round=pool.round, stale=pool.stale,
                 tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,
-                pods_running=len(jobs) - len(held), trials_per_pod=pool.trials_per_pod,
+                pods_running=len(live), trials_per_pod=pool.trials_per_pod,
                 queued=sum(len(entries_of(j)) for j in held), pods_queued=len(held), queued_since=since,
+                pending=sum(len(entries_of(j)) for j in waiting), pods_pending=len(waiting),
             )
             update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
             if pool.key != pool.spec.name:
@@ -96,7 +109,7 @@ class Reporter:
             if self.announced.get(t.name, PoolPhase.PENDING.value) != t.phase:
                 self.announced[t.name] = t.phase
                 kind = "Warning" if t.phase in (PoolPhase.FAILED.value, PoolPhase.UNSCHEDULABLE.value) else "Normal"
-                self.events.append((kind, f"Target{t.phase}", f"{t.name}: {t.message or t.phase}"))
+                self.events.append((kind, f"Target{t.phase}", f"{t.name}: {said(t) or t.phase}"))
         self._predict(spec, pools, records, mono)
         queue: tuple[bool, str, str] | None = None
         if any(q is not None for q in (queues or {}).values()):
@@ -104,12 +117,12 @@ class Reporter:
         if all(p.done for p in pools.values()):
             failed = all(p.phase == PoolPhase.FAILED for p in pools.values())
             phase, reason = ("Failed", "AllTargetsFailed") if failed else ("Succeeded", "Tuned")
-            message = "; ".join(f"{t.name}: {t.message}" for t in targets if t.message)
+            message = "; ".join(f"{t.name}: {said(t)}" for t in targets if said(t))
             return Report(phase, targets, reason, message, finished=True, queue=queue)
         stuck = [t.message for t in targets if t.phase == PoolPhase.UNSCHEDULABLE.value] + delayed
-        queued = sum(t.queued for t in targets)
+        queued, pending = sum(t.queued for t in targets), sum(t.pending for t in targets)
         message = "; ".join(stuck) or f"{sum(t.running for t in targets)} trials running" + (
-            f", {queued} queued" if queued else "")
+            f", {pending} pending" if pending else "") + (f", {queued} queued" if queued else "")
         return Report("Running", targets, "Tuning", message, queue=queue)
 
     def status(self, report: Report, *, previous: TuningRunStatus | None, body: Mapping[str, Any],
@@ -179,7 +192,7 @@ class Reporter:
                     try:
                         rec = recommend(space, observed, size, seed=seed)
                         entry.update(rec.as_dict())
-                        entry["basis"] = entry["basis"][:200]
+                        entry["basis"] = entry["basis"][:BASIS_MAX]
                     except ValueError as exc:  # e.g. a size with the wrong number of dimensions
                         entry["basis"] = f"spec.predictFor: {exc}"[:200]
                     except Exception as exc:  # a prediction must never stop the tuning

@@ -49,6 +49,17 @@ class KernelSource:
         self.text, self.digest = text, digest
         return edited
 
+    def waiting(self, spec: TuningRunSpec, error: str | None, kept: int | None = None) -> str:
+        """What a run without its source says while it waits for it: the read's error,
+        the ConfigMap and key it waits for, and (`kept`: mid-run) that its results stay."""
+        source = spec.kernel.source
+        assert source is not None
+        message = f"{error or 'the kernel source is not read yet'}; waiting for ConfigMap {source.config_map!r} " \
+                  f"key {source.key!r}"
+        if kept is None:
+            return message
+        return f"{message}: no new trial starts until it is back; the {kept} result(s) measured so far are kept"
+
     @property
     def broken(self) -> bool:
         """The source as it is now failed to compile."""

@@ -85,7 +85,10 @@ def space_hash(spec: TuningRunSpec) -> str:
 
 def check_options(spec: TuningRunSpec) -> None:
     """The strategy's options, checked by the strategy itself (`optimize.validate_options`):
-    known keys, accepted values; the error names the field."""
+    known keys, accepted values; the error names the field. A former option (now fixed, or
+    replaced) is refused as such, ``no longer an option: ...``, never silently ignored. The
+    strategy's tuning knobs are not reachable from a spec: the operator builds studies with
+    the public options alone."""
     from fleettune.optimize import OptionError, UnknownStrategyError, validate_options
 
     try:

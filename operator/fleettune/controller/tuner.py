@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from fleettune import GROUP, KIND, VERSION
 from fleettune.admission import TrialPolicy
 from fleettune.api import TuningRunSpec, TuningRunStatus
+from fleettune.controller.events import EventCorrelator
 from fleettune.controller.kube import Kube
 from fleettune.controller.plan import Job, Observed, Plan, pods_needed
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S, Planner
@@ -39,6 +40,9 @@ __all__ = ["RunLoop"]
 # Progress in a busy run's status (counters, bests) is written at most this often; the
 # idle wake-up (handlers.IDLE_WAKEUP_S, the same 5 s) writes what a step held back.
 STATUS_INTERVAL_S = 5.0
+# How often the results store is listed again, to notice a shard deleted by hand (one
+# being appended to is noticed at its next write).
+RESULTS_CHECK_S = 30.0
 
 
 class RunLoop:
@@ -63,6 +67,8 @@ class RunLoop:
         self.written: dict[str, Any] | None = None  # the last status written
         self.written_at = 0.0
         self.loaded = False
+        self.results_checked = 0.0  # monotonic time of the store's last listing
+        self.event_series = EventCorrelator()  # the Events this run wrote, to count repeats on
 
     @property
     def spec(self) -> TuningRunSpec | None:
@@ -102,7 +108,11 @@ class RunLoop:
         if not self.loaded:
             await asyncio.to_thread(self.store.load)
             planner.restore(self._previous_status())
-            self.loaded = True
+            self.loaded, self.results_checked = True, time.monotonic()
+        elif time.monotonic() - self.results_checked >= RESULTS_CHECK_S:
+            await asyncio.to_thread(self.store.load)
+            self.results_checked = time.monotonic()
+            self._note_lost()
         planner.configure(meta.get("generation"), self.body["spec"], self.store.records, time.time())
         if self.last_status is None and not self.body.get("status") and planner.spec is not None:
             # A status at once, before the first (possibly long) step: GitOps tools (kstatus,
@@ -186,7 +196,10 @@ class RunLoop:
         """The plan's records, durable before any Job they came from is deleted."""
         if not plan.records:
             return
-        stored = await asyncio.to_thread(self.store.append, plan.records)
+        try:
+            stored = await asyncio.to_thread(self.store.append, plan.records)
+        finally:
+            self._note_lost()  # a write to a shard deleted meanwhile finds it gone
         pods: dict[str, str] = {}  # Job name -> pool key, of the Pods whose records were stored
         for rec in stored:
             self._recorded(rec)
@@ -198,6 +211,16 @@ class RunLoop:
                                       timings.queue_wait_s, gpus=pool.spec.gpus if pool else 1,
                                       admission_wait_s=timings.admission_wait_s)
 
+    def _note_lost(self) -> None:
+        """Announce results shards deleted by hand: their records are gone, and the counts
+        (status, budget) are those of the records that remain."""
+        for name, lost in self.store.take_lost():
+            self.planner.results_lost(lost)
+            message = (f"results ConfigMap {name} was deleted: its {len(lost)} record(s) are lost; "
+                       f"the {len(self.store.records)} that remain are counted")
+            self.log.warning("%s", message)
+            self.planner.events.append(("Warning", "ResultsLost", message))
+
     def _recorded(self, rec: TrialRecord) -> None:
         self.metrics.trial_recorded(self.namespace, self.name, rec.target, rec.outcome.value, rec.run_s,
                                     pruned=bool(rec.pruned))
@@ -206,7 +229,8 @@ class RunLoop:
             f" {rec.objective:.4g} ms" if rec.objective else f" ({rec.error[:120]})" if rec.error else "",
         )
         if not rec.is_observation:
-            self.planner.events.append(("Warning", "InfraFailure", f"{rec.target} trial {rec.index}: "
+            # The cause, not the trial (its index is in the log line above): one Event per cause.
+            self.planner.events.append(("Warning", "InfraFailure", f"{rec.target}: trial lost to the infrastructure: "
                                         f"{bounded(rec.error, 400) or 'no result'} (retried; not counted as a result)"))
 
     async def _create_jobs(self, jobs: list[Job]) -> None:
@@ -268,8 +292,12 @@ class RunLoop:
         involved = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.name,
                     "namespace": self.namespace, "uid": self.uid, "resourceVersion": meta.get("resourceVersion")}
         involved = {k: v for k, v in involved.items() if v}
-        await asyncio.gather(*(asyncio.to_thread(self.kube.post_event, involved, kind, reason, message)
-                               for kind, reason, message in events))
+        # A repeated cause updates its Event (count, lastTimestamp), as Kubernetes' recorder does.
+        writes = self.event_series.correlate(events, time.monotonic())
+        names = await asyncio.gather(*(asyncio.to_thread(self.kube.post_event, involved, w.type, w.reason, w.message,
+                                                         count=w.count, name=w.name) for w in writes))
+        for write, name in zip(writes, names, strict=True):
+            self.event_series.written(write, name)
 
 
 def _gist(status: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -225,9 +225,9 @@ class EndedPods:
 
     The Job controller marks a Job Complete seconds after its Pod ended (it batches Pod
     updates and needs two syncs); a run that reads the verdict from the Pod here records the
-    trial and starts the next one at once. A batch Pod that is deleted (evicted, preempted,
-    drained) ends with the answers it wrote and is then removed: kept here, those answers
-    are read after the Pod is gone. An ended Pod never comes back to life, so an entry
+    trial and starts the next one at once. A trial Pod that is deleted ends with the answers
+    it wrote and is then removed: kept here, those answers are read after the Pod is gone
+    (a disrupted one is not decisive: its Job starts another Pod). An ended Pod never comes back to life, so an entry
     cannot turn wrong; keyed by the Job's uid, it cannot be mistaken for a re-created Job of
     the same name. Entries leave with their Job (its watch event), never with their Pod;
     events for Pods of a Job already deleted are ignored (the garbage collector deletes the
@@ -236,7 +236,7 @@ class EndedPods:
 
     Thread-safe: fed from the event loop, read from worker threads.
 
-    ``key=job_name_of``: the Pods of MultiKueue worker clusters, by Job *name* (docs/kueue.md).
+    ``key=job_name_of``: the Pods of MultiKueue worker clusters, by Job *name* (docs/operations/multikueue.md).
     A worker's copy of a trial Job has the manager's Job's name, not its uid, and Kueue
     deletes that copy, Pods included, 0.05–0.1 s after it mirrored the Job's end onto the
     manager's Job (measured): a run reading the Pods only then would find none, so the
@@ -289,7 +289,7 @@ class StreamedAnswers:
     a run learns before the Pod ends and its termination message brings the same answers
     to the store.
 
-    A Pod's log is read as it is written (`fleettune.controller.kube.Kube.follow_answers`);
+    A Pod's log is read as it is written (`fleettune.controller.logfollow.LogFollowers`);
     an entry leaves with its Job (its watch event). The size bound only guards against
     deletions a broken watch never delivered. Thread-safe: fed from log-reading threads,
     read from worker threads.

@@ -175,7 +175,7 @@ def from_device(report: DeviceReport | Mapping[str, Any]) -> GpuFingerprint:
 
 def device_status(report: DeviceReport) -> DeviceStatus:
     """The status's ``fingerprint`` of a pool: the device its trials reported, as reported
-    (the driver's product name; whether the timings were simulated)."""
+    (the driver's product name; whether the timings were simulated, the outputs unchecked)."""
     return DeviceStatus(
         product=report.product,
         compute_capability=report.compute_capability,
@@ -183,6 +183,7 @@ def device_status(report: DeviceReport) -> DeviceStatus:
         cuda_runtime_version=report.cuda_runtime_version,
         simulated=report.simulated,
         synthetic=report.synthetic,
+        unverified=report.unverified,
     )
 
 

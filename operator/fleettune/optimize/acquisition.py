@@ -7,6 +7,13 @@ import math
 
 import torch
 
+# Acquisition = LogEI + FEAS_POWER x log P(feasible) (``feas_power``): the fastest
+# configurations often sit next to a resource limit; a weight of 3 was a wash on the replay.
+FEAS_POWER = 6.0
+# BaCO's randomised feasibility threshold: candidates predicted less likely to run than
+# tau ~ U(0, TAU_MAX), redrawn at every suggestion, are not chosen (``tau_max``).
+TAU_MAX = 1.0
+
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 _SQRT_HALF_PI = math.sqrt(0.5 * math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)

@@ -1,4 +1,4 @@
-"""How many configurations a batched Pod takes (issue #16): the planner's batch-size rule.
+"""How many configurations a batched Pod takes: the planner's batch-size rule.
 
 A batched Pod pays one Pod start-up and one CUDA/interpreter start for all its
 configurations, so longer Pods spread that cost thinner; but the study only learns from a
@@ -23,24 +23,24 @@ __all__ = ["batch_size", "queue_slots", "slow_start"]
 # Configurations of one pool chosen without each other's results, all Pods together: 8 per
 # Pod on four GPUs. More blind picks cost evaluations, fewer cost start-ups; since the
 # operator reads each answer as it is printed, 32 beat 16, 24 and 64 on four GPUs in
-# `fleettune bench timeline` (docs/bench-timeline.md). A one-GPU pool is held by the batch
+# `fleettune bench timeline` (docs/benchmarks.md). A one-GPU pool is held by the batch
 # cap (16) instead.
 MAX_OUTSTANDING = 32
 # A batch is only as large as it takes for the Pod's start-up to cost at most this share of
 # its GPU work: past that, a longer batch saves little and delays the results the search
-# learns from (configurations of seconds each: dedispersion in docs/bench-timeline.md).
+# learns from (configurations of seconds each: dedispersion in docs/benchmarks.md).
 STARTUP_SHARE = 0.2
 STARTUP_S = 2.0  # a Pod's start-up and CUDA start, median (Kubernetes' own SLO: p99 5 s)
 # A ramping target's outstanding configurations stay within this share of its results: at
 # a half, batches of 16 on four GPUs search within 0.003 of one at a time at 100
-# evaluations (0.016 at a share of 1), for 34 Pods instead of 23 (docs/bench-timeline.md).
+# evaluations (0.016 at a share of 1), for 34 Pods instead of 23 (docs/decisions.md).
 RAMP_SHARE = 0.5
 # With nothing measured yet, a target's first Pods take this many configurations between
 # them. What a strategy picks before its first result (a space-filling design, a first
 # population, random draws) is blind anyway, and the operator reads each answer as it is
 # printed, so a longer first Pod holds back no result; it saves the start-ups of the Pods
 # that would otherwise measure them one by one. 8 beat 4 and one at a time in
-# `fleettune bench timeline` (docs/bench-timeline.md).
+# `fleettune bench timeline` (docs/decisions.md).
 FIRST_CONFIGS = 8
 
 
@@ -103,7 +103,7 @@ def slow_start(k: int, observed: int, outstanding: int) -> int:
     design, and on four GPUs with 16 per Pod the first 64 configurations would be chosen
     blind. Ramping up as results arrive (as TCP's slow start) costs a few short Pods at the
     start of a target and keeps batched search close to sequential search per evaluation
-    (docs/bench-timeline.md, issue #16). The planner ramps fixed sizes
+    (docs/decisions.md). The planner ramps fixed sizes
     (`budget.trialsPerPod`) only: `batch_size` keeps a pool within MAX_OUTSTANDING
     already, where the ramp's extra start-ups cost more wall-clock than its better
     suggestions save.

@@ -1,31 +1,33 @@
 """Bayesian optimisation over a discrete candidate set with hidden constraints.
 
 Per suggestion: one GP for log(time) on the feasible observations (failed points enter
-it only as believers, see `_bayes`; every ``rank_every``-th pick of a study without a
+it only as believers, see `_bayes`; every `RANK_EVERY`-th pick of a study without a
 prior, a GP of the times' ranks instead), one GP classifier for feasibility and, once a
-share of the results is ``slow_ratio`` times slower than the best, one for that slow
-regime, LogEI + feas_power * log P(feasible, not slow) over the not-yet-evaluated
+share of the results is `SLOW_RATIO` times slower than the best, one for that slow
+regime, LogEI + `FEAS_POWER` * log P(feasible, not slow) over the not-yet-evaluated
 candidates (EI on the model's
 variance plus the misfit it learned, see ``misfit_ei``), BaCO's randomised
 feasibility threshold, Kriging believers for pending trials and for the rest of a batch.
 After a long stall (gains within ``min_gain`` do not end one), every other pick stays
 within two moves of the best configuration, its other code paths first, then those of the
-best configuration of another region almost as good (see ``stall``, ``stall_paths``,
-``stall_leaders``). Hyperparameters are refitted on a schedule of history lengths, each fit
+best configuration of another region almost as good (see ``stall``, `STALL_PATHS`,
+`STALL_LEADERS`). Hyperparameters are refitted on a schedule of history lengths, each fit
 warm-started from the previous checkpoint's fit, so that a study rebuilt from its stored
 history retraces the same fits and suggests the same.
 
 Warm start (prior data from another pool) is `warm.WarmStart`: the best prior
 configurations and probes of other code paths first (on a prior's plateau, its best and
-space-filling points of the plateau instead, ``prior_plateau``), then a residual model on top of the
-prior's GP, refitted after each of this pool's first evaluations (``warm_refit``); after the
-first suggestions, every ``prior_hedge``-th pick is the model's pick from this pool's results
-alone (with the prior GP's length-scales, ``prior_lengthscales``); a prior that leaves the
+space-filling points of the plateau instead, `warm.PRIOR_PLATEAU`), then a residual model on top
+of the prior's GP, refitted after each of this pool's first evaluations (`WARM_REFIT`); after
+the first suggestions, every `PRIOR_HEDGE`-th pick is the model's pick from this pool's results
+alone (with the prior GP's length-scales, `PRIOR_LENGTHSCALES`); a prior that leaves the
 study ``prior_patience`` evaluations without improvement is dropped, and from then on the
 study is a cold one that keeps its own observations.
 
-The options are declared in `BayesOptions`; the measurements behind their defaults are
-in docs/optimizer.md.
+The options a TuningRun sets are declared in `BayesOptions`; the internal knobs are this
+and the other optimize modules' constants, which a development caller can change through
+`BayesTuning` (`Study`'s ``tuning``). The measurements behind their values are in
+docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -33,148 +35,158 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
 
-from .acquisition import Believers, log_ei
+from .acquisition import FEAS_POWER, TAU_MAX, Believers, log_ei
 from .design import feature_weights, maximin
 from .feasibility import FeasibilityModel, fit_feasibility
-from .gp import Hyper, Posterior, fit_hyper, matern52
-from .local import Scores, local_search, scoring_pool
-from .options import StrategyOptions, boolean, integer, non_negative, one_of, positive
+from .gp import FIT_ITER, Hyper, Posterior, fit_hyper, matern52
+from .local import LOCAL_ROUNDS, LOCAL_STARTS, MAX_POOL, Scores, local_search, scoring_pool
+from .options import StrategyOptions, Tuning, boolean, fixed, integer, non_negative, positive
 from .problem import Candidates, History
 from .stopping import improvements
 from .strategy import Strategy
-from .warm import SKIP_SEEDS_BELOW, WarmStart
+from .warm import PRIOR_COMBINE, PRIOR_PATHS, PRIOR_PLATEAU, SKIP_SEEDS_BELOW, WarmStart
 
 LEADER_GAP = 0.03  # a runner-up region's best is at most this much slower than the best (stall_leaders)
 FEASIBILITY = "feasibility"  # the classifier's chain of fits (`BayesOpt._chain`), beside one per transform
-SLOW = "slow"  # the slow-regime classifier's chain of fits (slow_ratio)
-SLOW_SHARE = 0.1  # slow_ratio: the classifier is fitted once this share of the results is that slow...
+SLOW = "slow"  # the slow-regime classifier's chain of fits (SLOW_RATIO)
+LOG, RANKS = "log", "copula"  # the objective's transforms (`_transform`): log time, and its ranks for RANK_EVERY
+SLOW_SHARE = 0.1  # SLOW_RATIO: the classifier is fitted once this share of the results is that slow...
 SLOW_LEAST = 3  # ...and at least this many: a few outliers are not a regime
+
+
+# Refit the hyperparameters each time the history grew by this fraction (``refit_growth``):
+# a checkpoint schedule fixed by the history's length, so a rebuilt study retraces the fits.
+REFIT_GROWTH = 0.25
+# Warm start: refit on a schedule of this study's own evaluations (after 1, 2, 3, 4, 6, ...)
+# rather than of the history with the prior in it (``warm_refit``).
+WARM_REFIT = True
+# Measured configurations more than this many times slower than the study's best are a
+# regime of their own (``slow_ratio``; 0: never): once `SLOW_SHARE` of its results (and
+# `SLOW_LEAST`) are, a second classifier learns where they lie, from the feasibility
+# model's inputs plus the odd part of each integer size, and the acquisition weighs
+# P(not that slow) as it weighs P(feasible). On AMD GPUs most convolution_milo
+# configurations (a tile of 3, a block width of 48) run 30-100 times slower than the best;
+# on the NVIDIA recordings no regime that slow exists and nothing changes.
+SLOW_RATIO = 20.0
+# Without warm-start data (or once it is dropped), every this-many-th model pick ranks by a
+# GP of the objective's ranks (normal scores, `_transform` "copula") rather than of log
+# time (``rank_every``; 0: never): where most configurations are 10-100 times slower than
+# the best, log times spend the model on that tail; ranks cannot see how much slower a code
+# path is, which other spaces need, hence a share of the picks.
+RANK_EVERY = 3
+# With warm-start data, once the prior's first picks are measured, every this-many-th pick
+# is the model's pick from this pool's own results alone (``prior_hedge``; 0: never): a
+# prior whose best region is only good here then holds the search in the other picks only.
+PRIOR_HEDGE = 2
+# Those picks' model uses the prior GP's length-scales instead of its own while the prior
+# keeps its weight (``prior_lengthscales``): a warm study's own first points, clustered
+# around the prior's best, cannot tell which parameters matter.
+PRIOR_LENGTHSCALES = True
+# A stalled study (``stall`` evaluations without progress) makes every STALL_EVERY-th pick
+# within STALL_RADIUS moves of the best configuration (``stall_every``, ``stall_radius``):
+# the way out of a local optimum often takes two coordinated moves.
+STALL_EVERY = 2
+STALL_RADIUS = 2
+# Those near picks first try the best configuration on other code paths (only its switches
+# changed), then its whole neighbourhood (``stall_paths``): the way off one code path's
+# optimum can take two flags flipped together.
+STALL_PATHS = True
+# ...and then the other code paths of this many runners-up from other regions (each more
+# than STALL_RADIUS moves from the best and the runners-up before it, within `LEADER_GAP`
+# of the best; ``stall_leaders``, 0: none): a narrow optimum can sit one flag away from a
+# region almost as good as the best, far from the best.
+STALL_LEADERS = 1
+
+
+@dataclass(frozen=True)
+class BayesTuning(Tuning):
+    """The Bayesian strategy's internal knobs, at the constants of the modules that use
+    them: a development hook (`Study`'s ``tuning``) for benchmarks that flip a heuristic
+    and tests that fit faster. A TuningRun cannot set them (`BayesOptions.removed`)."""
+
+    refit_growth: float = positive(REFIT_GROWTH, "Refit the hyperparameters when the history grew by this fraction.")
+    fit_iter: int = integer(FIT_ITER, "L-BFGS iterations per hyperparameter fit.")
+    max_pool: int = integer(MAX_POOL, "Candidates scored exactly per suggestion; beyond, a subset and a local search.")
+    local_starts: int = integer(LOCAL_STARTS, "Local search: start from this many of the best candidates.")
+    local_rounds: int = integer(LOCAL_ROUNDS, "Local search: at most this many rounds of one-move neighbourhoods.")
+    tau_max: float = positive(TAU_MAX, "Feasibility threshold ~ U(0, tau_max), redrawn at every suggestion.")
+    feas_power: float = positive(FEAS_POWER, "Acquisition = EI x P(feasible)^feas_power.")
+    slow_ratio: float = non_negative(SLOW_RATIO, "Times slower than the best that make a slow regime; 0: never.")
+    rank_every: int = integer(RANK_EVERY, "Every this-many-th cold model pick ranks by the times' ranks; 0: never.",
+                              low=0)
+    stall_radius: int = integer(STALL_RADIUS, "Moves from the best configuration that a stalled study's picks stay "
+                                "within.")
+    stall_every: int = integer(STALL_EVERY, "In a stalled study, every this-many-th pick stays near the best.")
+    stall_paths: bool = boolean(STALL_PATHS, "A stalled study's near picks try the best's other code paths first.")
+    stall_leaders: int = integer(STALL_LEADERS, "Then the code paths of this many runners-up; 0: none.", low=0)
+    prior_paths: int = integer(PRIOR_PATHS, "Code paths probed after the prior's best; 0: none.", low=0,
+                               warm_only=True)
+    prior_combine: bool = boolean(PRIOR_COMBINE, "Measure the prior best's two helping moves together.",
+                                  warm_only=True)
+    prior_hedge: int = integer(PRIOR_HEDGE, "Every this-many-th warm pick from this pool's results alone; 0: never.",
+                               low=0, warm_only=True)
+    prior_plateau: float = non_negative(PRIOR_PLATEAU, "Share of the candidates on the prior's plateau that makes "
+                                        "it one; 0: never.", warm_only=True)
+    prior_lengthscales: bool = boolean(PRIOR_LENGTHSCALES, "The hedged picks' model takes the prior GP's "
+                                       "length-scales.", warm_only=True)
+    warm_refit: bool = boolean(WARM_REFIT, "Refit on a schedule of this study's own evaluations.", warm_only=True)
 
 
 @dataclass(frozen=True)
 class BayesOptions(StrategyOptions):
+    """What a user sets: the design's size, how far expected improvement looks past the
+    model's mean, when a stalled study looks near its best, what counts as progress, and
+    how much a warm start re-measures and how long it keeps a prior that does not help."""
+
+    removed: ClassVar[Mapping[str, str]] = {
+        **fixed(BayesTuning),
+        "transform": 'it is now fixed at "log"; a third of a cold study\'s picks rank by a GP of the times\' ranks '
+        "instead (every pick on ranks lost, docs/decisions.md)",
+        "warm_model": 'it is now fixed at "residual": the prior\'s GP plus a GP of this pool\'s residuals (one GP '
+        "with a task column lost, docs/decisions.md)",
+    }
+
     initial: int = integer(
         10, "Size of the space-filling initial design, in feasible points (failed ones are replaced, up to twice "
-        "this many evaluations), before the model leads."
+        "this many evaluations), before the model leads. Fewer leave the model surer of a landscape it has seen "
+        "less of: on the replay 6 took the mean fraction of the optimum at 100 evaluations 0.981 → 0.977 "
+        "(convolution_milo-A100 0.909 → 0.864) and 8 cost 0.006, for at most 0.01 at the early budgets."
     )
-    refit_growth: float = positive(0.25, "Refit the hyperparameters when the history grew by this fraction.")
-    fit_iter: int = integer(40, "L-BFGS iterations per hyperparameter fit.")
-    max_pool: int = integer(
-        20_000, "Candidates scored exactly per suggestion; beyond, a random subset plus a local search from the "
-        "best points found so far."
-    )
-    tau_max: float = positive(
-        1.0, "Feasibility threshold ~ U(0, tau_max), redrawn at every suggestion (BaCO's randomised threshold): "
-        "candidates predicted less likely to run are not chosen."
-    )
-    feas_power: float = positive(6.0, "Acquisition = EI x P(feasible)^feas_power.")
     misfit_ei: float = non_negative(
         1.0, "Share of the surrogate's misfit (the noise it learns on top of the repeats' own) that expected "
-        "improvement counts as variation a configuration not yet measured can still show: kernel times are "
-        "rougher than a smooth model, so a configuration beside good ones can beat them where the model's mean "
-        "says it cannot. Counted for a pick with nothing outstanding (not for a batch's later picks or with "
-        "trials in flight). 0: EI of the smooth model alone."
-    )
-    slow_ratio: float = non_negative(
-        20.0, f"Measured configurations more than this many times slower than the study's best are a regime of "
-        f"their own: once at least {100 * SLOW_SHARE:g} % of its results (and {SLOW_LEAST}) are, a second "
-        "classifier learns where they lie, from the feasibility model's inputs plus the odd part of each integer "
-        "size, and the acquisition weighs P(not that slow) as it weighs P(feasible). On AMD GPUs most "
-        "convolution_milo configurations (a tile of 3, a block width of 48) run 30-100 times slower than the best, "
-        "and a GP of log time, smooth over the sizes, keeps measuring them; on the NVIDIA recordings no regime "
-        "that slow exists and nothing changes. 0: never.",
-    )
-    transform: str = one_of(
-        "log", 'Objective transform: "log" (log time, standardised) or "copula" (ranks to normal scores).',
-        ("log", "copula"),
-    )
-    rank_every: int = integer(
-        3, "Without warm-start data (or once it is dropped), every this-many-th model pick ranks by a GP of the "
-        'objective\'s ranks (normal scores, as transform "copula") rather than of `transform`: where most '
-        "configurations are 10-100 times slower than the best (convolution_milo on AMD GPUs), log times spend the "
-        "model on that tail and it stops resolving the fast region; ranks cannot see how much slower a code path "
-        "is, which other spaces need, hence a share of the picks. 0: never.", low=0,
-    )
-    prior_top: int = integer(
-        3, "With warm-start data, first re-measure this many of the best prior configurations.", warm_only=True
-    )
-    prior_paths: int = integer(
-        3, "With warm-start data, then probe this many other code paths, two configurations each, and the prior "
-        "model's best on as many more (see WarmStart.path_probes); 0: none.", low=0, warm_only=True,
-    )
-    prior_combine: bool = boolean(
-        True, "With warm-start data, once the prior's best and the first code path's probes are measured, "
-        "measure the prior's best with the moves of its two fastest one-move variants applied together, when "
-        "both measured faster than it here: another GPU often moves the optimum by two changes that each help "
-        "only a little alone (see WarmStart.combination).", warm_only=True,
-    )
-    prior_patience: int = integer(
-        15, "With warm-start data, a study that goes this many evaluations without improving drops the prior for "
-        "good; 0: never.", low=0, warm_only=True,
-    )
-    prior_hedge: int = integer(
-        2, "With warm-start data, once the prior's first picks are measured, every this-many-th pick is the "
-        "model's pick from this pool's own results alone, the prior left out (as a cold study past its design "
-        "picks): a prior whose best region is only good here (which its rank correlation cannot see) then holds "
-        "the search at most in the other picks. 0: never.", low=0, warm_only=True,
-    )
-    prior_plateau: float = non_negative(
-        0.02, "With warm-start data, when the prior's GP predicts at least this share of the candidates within "
-        "5 % of its best, the study first measures the prior's best and 3 space-filling points among those "
-        "candidates, instead of the prior's next best, code-path probes and contrast points: which configuration "
-        "of so wide a plateau another GPU runs fastest is not in the prior (see WarmStart.plateau). 0: never.",
-        warm_only=True,
-    )
-    prior_lengthscales: bool = boolean(
-        True, "With warm-start data, the hedged picks' model (this pool's results alone, see prior_hedge) uses "
-        "the prior GP's length-scales instead of its own: how much each parameter matters carries over from "
-        "another GPU better than where the optimum lies, and a warm study's own first points, clustered "
-        "around the prior's best, cannot tell it. Not once the prior has lost its weight (PriorTrust).",
-        warm_only=True,
-    )
-    local_starts: int = integer(5, "Local search: start from this many of the best candidates.")
-    local_rounds: int = integer(3, "Local search: at most this many rounds of one-move neighbourhoods.")
-    warm_refit: bool = boolean(
-        True, "Warm start: refit on a schedule of this study's own evaluations (after 1, 2, 3, 4, 6, ...) rather "
-        "than of the history with the prior in it (first refit 25 % later).", warm_only=True,
-    )
-    warm_model: str = one_of(
-        "residual", 'Warm start: "task" models both pools in one GP with a task column; "residual" fits a GP to '
-        "the prior alone and models this pool as its prediction (shifted) plus a residual GP of this pool's own "
-        "data, which can learn that one parameter matters differently here (a task column can only scale all "
-        "of the prior's information).",
-        ("residual", "task"), warm_only=True,
+        "improvement counts as variation a configuration not yet measured can still show: higher explores more "
+        "around good configurations, 0 trusts the smooth model's mean. Kernel times are rougher than a smooth "
+        "model: 1 against 0 took the replay at 100 evaluations 0.980 → 0.983 (convolution_milo-A100 0.895 → "
+        "0.937). Counted for a pick with nothing outstanding (not for a batch's later picks or with trials in "
+        "flight)."
     )
     stall: int = integer(
-        30, "After this many evaluations without improvement, every stall_every-th pick comes from the best "
-        "configuration's stall_radius-move neighbourhood: the way out of a local optimum often takes two "
-        "coordinated moves, which a model fitted to the whole space undervalues. 0: never.", low=0,
+        30, "After this many evaluations without progress (see min_gain), every other pick stays within two moves "
+        "of the best configuration, its other code paths first: the way out of a local optimum often takes two "
+        "coordinated moves, which a model fitted to the whole space undervalues. Triggered at 20, the spaces with "
+        "an isolated optimum lost (convolution_milo-A100 0.936 → 0.911 at 100 evaluations). 0: never.", low=0,
     )
     min_gain: float = non_negative(
         0.01, "An evaluation counts as progress, for stall and prior_patience, only when it is faster than the best "
-        "so far by more than this fraction: a run of gains within timing noise around a local optimum otherwise "
-        "keeps a stalled study from ever counting as stalled. 0: every improvement counts."
+        "so far by more than this fraction: about the timing noise of 32 timed runs (raise it for noisier "
+        "timings). Against every gain counting, the warm pairs' evaluations to 0.95 fell from 0.42 to 0.40 of "
+        "cold's and the replay at 100 rose 0.985 → 0.986. 0: every improvement counts."
     )
-    stall_radius: int = integer(2, "Moves from the best configuration that a stalled study's picks stay within.")
-    stall_every: int = integer(2, "In a stalled study, every this-many-th pick stays near the best.")
-    stall_paths: bool = boolean(
-        True, "A stalled study's near picks first try the best configuration on other code paths (only its "
-        "switches changed: booleans, categoricals, 0/1 flags; within stall_radius moves), then its whole "
-        "neighbourhood: the way off one code path's optimum can take two flags flipped together, which a model "
-        "that has seen one flipped without the other ranks low."
+    prior_top: int = integer(
+        3, "With warm-start data, first re-measure this many of the best prior configurations (then code-path "
+        "probes and the model): a driver update rarely reshuffles the top of a landscape. 5 cost most warm "
+        "pairs two evaluations (warm/cold 0.361 → 0.380).", warm_only=True,
     )
-    stall_leaders: int = integer(
-        1, "With stall_paths, a stalled study's near picks then try the other code paths of this many "
-        "runners-up from other regions (each more than stall_radius moves from the best and from the runners-up "
-        f"before it, and within {100 * LEADER_GAP:g} % of the best), before the best's whole neighbourhood: a "
-        "narrow optimum can sit one flag away from a region the study measured as almost as good as its best, "
-        "far from the best. 0: none.",
-        low=0,
+    prior_patience: int = integer(
+        15, "With warm-start data, a study that goes this many evaluations without progress (see min_gain) drops "
+        "the prior for good: without it, warm runs of A100 → A4000 convolution stayed at 0.65-0.81 of the "
+        "optimum for 100 evaluations where cold ones passed 0.95; 10 cost four of the six gemm pairs 2.5-7.6 "
+        "evaluations. 0: never.", low=0, warm_only=True,
     )
 
 
@@ -203,17 +215,21 @@ def checkpoints(m: int, growth: float) -> list[int]:
 class BayesOpt(Strategy):
     name = "bayes"
     Options = BayesOptions
+    Tuning = BayesTuning
     options: BayesOptions
+    tuning: BayesTuning
 
-    def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(candidates, seed, options)
+    def __init__(
+        self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None,
+        tuning: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(candidates, seed, options, tuning)
         self._fits: dict[tuple[int, int, str], Hyper | None] = {}
         self._weights = feature_weights(candidates.n_features, candidates.feature_groups)
-        o = self.options
+        o, t = self.options, self.tuning
         self.warm = WarmStart(
-            candidates, self._features, self.fitting, top=o.prior_top, paths=o.prior_paths, combine=o.prior_combine,
-            patience=o.prior_patience, gain=o.min_gain, residual=o.warm_model == "residual", fit_iter=o.fit_iter,
-            plateau=o.prior_plateau,
+            candidates, self._features, self.fitting, top=o.prior_top, paths=t.prior_paths, combine=t.prior_combine,
+            patience=o.prior_patience, gain=o.min_gain, fit_iter=t.fit_iter, plateau=t.prior_plateau,
         )
 
     def _features(self, idx: np.ndarray, feas: bool = False) -> torch.Tensor:
@@ -246,16 +262,16 @@ class BayesOpt(Strategy):
 
     def _marks(self, history: History, m: int) -> list[int]:
         """History lengths (up to ``m``) at which hyperparameters are refitted."""
-        growth = self.options.refit_growth
+        growth = self.tuning.refit_growth
         n0 = int((history.task == 0).sum())
-        if self.options.warm_refit and n0 > 0 and m >= n0:
+        if self.tuning.warm_refit and n0 > 0 and m >= n0:
             return [n0 + c - 1 for c in checkpoints(m - n0 + 1, growth)]
         return checkpoints(m, growth)
 
     def _slow_labels(self, history: History) -> tuple[np.ndarray, np.ndarray] | None:
         """This study's measured candidates and whether each is within ``slow_ratio`` of
-        its best; None while too few are slower to call it a regime (or the option is off)."""
-        ratio = self.options.slow_ratio
+        its best; None while too few are slower to call it a regime (or the knob is off)."""
+        ratio = self.tuning.slow_ratio
         own = np.flatnonzero(history.feasible & (history.task == 1) & (history.cand >= 0))
         if ratio <= 0 or len(own) < 2:
             return None
@@ -310,18 +326,18 @@ class BayesOpt(Strategy):
         if model == FEASIBILITY:
             feas = h.feasible
             if feas.any() and not feas.all():
-                hyper = fit_feasibility(self._inputs(h, feas=True), feas, init, self.options.fit_iter)
+                hyper = fit_feasibility(self._inputs(h, feas=True), feas, init, self.tuning.fit_iter)
         elif model == SLOW:
             labelled = self._slow_labels(h)
             if labelled is not None:
                 hyper = fit_feasibility(np.asarray(self._slow_inputs(labelled[0])), labelled[1], init,
-                                        self.options.fit_iter)
+                                        self.tuning.fit_iter)
         else:
             ok, z, noise = self._targets(h, model)
             if init is not None and len(init.lengthscale) != self._inputs(h, ok[:0]).shape[1]:
                 init = None  # the previous fit had a task column (residual model from here on)
             if len(ok) >= 2:
-                hyper = fit_hyper(self._inputs(h, ok), z, noise, init=init, max_iter=self.options.fit_iter)
+                hyper = fit_hyper(self._inputs(h, ok), z, noise, init=init, max_iter=self.tuning.fit_iter)
         self._fits[key] = hyper or init
         return self._fits[key]
 
@@ -353,7 +369,7 @@ class BayesOpt(Strategy):
         more = self._bayes(n_warm, history, taken, rest, rng) if n_warm else np.zeros(0, dtype=np.int64)
         if n_ranked:
             rest[more] = False
-            ranked = self._bayes(n_ranked, history, np.concatenate([taken, more]), rest, rng, transform="copula")
+            ranked = self._bayes(n_ranked, history, np.concatenate([taken, more]), rest, rng, transform=RANKS)
             more = np.concatenate([more, ranked])
         if n_cold:
             # The model's pick from this pool's results alone, as a cold study past its
@@ -368,7 +384,7 @@ class BayesOpt(Strategy):
             if int(cold.feasible.sum()) < 2:
                 cold_picks = self._design(n_cold, cold, taken, rest, crng)
             else:
-                trusted = self.options.prior_lengthscales and self.warm.weight(history) >= SKIP_SEEDS_BELOW
+                trusted = self.tuning.prior_lengthscales and self.warm.weight(history) >= SKIP_SEEDS_BELOW
                 ls = self.warm.model(history)[0].hyper.lengthscale if trusted else None
                 cold_picks = self._bayes(n_cold, cold, taken, rest, crng, lengthscale=ls)
             more = np.concatenate([more, cold_picks])
@@ -378,12 +394,12 @@ class BayesOpt(Strategy):
         """How many of ``n`` model picks, the first of them this study's ``first``-th own
         evaluation (counting from 0, pending ones included), are a cold study's
         (``prior_hedge``)."""
-        return _every(self.options.prior_hedge, first, n)
+        return _every(self.tuning.prior_hedge, first, n)
 
     def _ranked(self, first: int, n: int) -> int:
         """How many of ``n`` model picks (``first`` as in `_hedged`) rank by a model of
         the objective's ranks (``rank_every``)."""
-        return 0 if self.options.transform == "copula" else _every(self.options.rank_every, first, n)
+        return _every(self.tuning.rank_every, first, n)
 
     def prior_misleads(self, history: History) -> bool:
         """Whether the warm-start data are dropped (see `WarmStart.misleads`)."""
@@ -405,8 +421,8 @@ class BayesOpt(Strategy):
     ) -> _Model:
         """Fit (when a checkpoint is due) and condition the models on ``history``; with
         ``lengthscale``, the objective's GP uses those length-scales instead of its fit's;
-        ``transform`` overrides the option's."""
-        transform = transform or self.options.transform
+        ``transform``: `LOG` unless given."""
+        transform = transform or LOG
         hyper_r, hyper_c, hyper_s = self._fit(history, self._marks(history, len(history))[-1], transform)
         ok, z, noise = self._targets(history, transform)
         residual = self.warm.residual(history)
@@ -454,13 +470,13 @@ class BayesOpt(Strategy):
     ) -> np.ndarray:
         avail = available.copy()
         avail[pending] = False
-        o = self.options
-        pool, partial = scoring_pool(self.candidates, history, avail, rng, limit=o.max_pool, starts=o.local_starts)
+        o, t = self.options, self.tuning
+        pool, partial = scoring_pool(self.candidates, history, avail, rng, limit=t.max_pool, starts=t.local_starts)
         if len(pool) == 0:
             return np.zeros(0, dtype=np.int64)
         with self.fitting():
             gp, clf, slow, residual, offset, with_task, best = self._model(history, lengthscale, transform)
-        power = self.options.feas_power
+        power = t.feas_power
 
         def feats(idx: np.ndarray, feas: bool = False, x: torch.Tensor | None = None) -> torch.Tensor:
             x = self._features(idx, feas) if x is None else x
@@ -486,12 +502,12 @@ class BayesOpt(Strategy):
         # scatter of measurements around it that the model does not explain. Only for a pick
         # with nothing outstanding: a batch's picks, chosen blind to each other's results,
         # spread out by the model's variance alone (with the scatter counted, batches of 16 on
-        # 4 GPUs crowded the best region; docs/optimizer.md).
+        # 4 GPUs crowded the best region; docs/decisions.md).
         misfit = o.misfit_ei * gp.noise_extra if len(pending) == 0 else 0.0
         if partial:
             pool, mean, var, log_pf = local_search(
                 self.candidates, pool, (mean, var, log_pf), avail, score, best,
-                power=power, rounds=o.local_rounds, starts=o.local_starts, misfit=misfit,
+                power=power, rounds=t.local_rounds, starts=t.local_starts, misfit=misfit,
             )
         # Pending trials sit at the end of the scored set, believed but not selectable.
         scored = np.concatenate([pool, np.asarray(pending, dtype=np.int64)])
@@ -500,7 +516,7 @@ class BayesOpt(Strategy):
             mean, var, log_pf = torch.cat([mean, m_p]), torch.cat([var, v_p]), torch.cat([log_pf, l_p])
         xs = feats(scored)
         log_pf_w = power * log_pf
-        tau = float(rng.uniform(0.0, self.options.tau_max))
+        tau = float(rng.uniform(0.0, t.tau_max))
         selectable = torch.zeros(len(scored), dtype=torch.bool)
         selectable[: len(pool)] = True
         if clf is not None or slow is not None:
@@ -549,31 +565,31 @@ class BayesOpt(Strategy):
         switches (with ``stall_paths``), then all within ``stall_radius`` moves. Empty when
         there is no best, ``stall`` is off, or none of the next ``picks`` picks is stalled
         long enough. Also the study's stall."""
-        o = self.options
+        o, t = self.options, self.tuning
         stall, best = _stall(history, o.min_gain)
         if o.stall <= 0 or best < 0 or stall + picks - 1 < o.stall:
             return [], stall
         rows = self.candidates.rows
         moved = rows[scored] != rows[best]
-        near = moved.sum(axis=1) <= o.stall_radius
+        near = moved.sum(axis=1) <= t.stall_radius
         out = [torch.as_tensor(near)]
         switches = list(self.candidates.switches)
-        if o.stall_paths and switches and len(switches) < rows.shape[1]:
+        if t.stall_paths and switches and len(switches) < rows.shape[1]:
             sizes = np.ones(rows.shape[1], dtype=bool)
             sizes[switches] = False
 
             def paths(of: int) -> torch.Tensor:
                 """Within stall_radius moves of ``of``, only its switches changed."""
                 m = rows[scored] != rows[of]
-                return torch.as_tensor((m.sum(axis=1) <= o.stall_radius) & ~m[:, sizes].any(axis=1))
+                return torch.as_tensor((m.sum(axis=1) <= t.stall_radius) & ~m[:, sizes].any(axis=1))
 
-            out[:0] = [paths(c) for c in [best, *_runners_up(history, rows, o.stall_radius, o.stall_leaders)]]
+            out[:0] = [paths(c) for c in [best, *_runners_up(history, rows, t.stall_radius, t.stall_leaders)]]
         return out, stall
 
     def _stalled_pick(self, stall: int) -> bool:
         """Whether a pick made at this stall stays near the best."""
         k = self.options.stall
-        return stall >= k and (stall - k) % self.options.stall_every == 0
+        return stall >= k and (stall - k) % self.tuning.stall_every == 0
 
 
 def _runners_up(history: History, rows: np.ndarray, radius: int, most: int) -> list[int]:
@@ -624,7 +640,7 @@ def _transform(y: np.ndarray, kind: str) -> tuple[np.ndarray, float]:
         return y - y.mean(), 1.0
     sd = float(y.std())
     sd = sd if sd > 1e-12 else 1.0
-    if kind == "copula":
+    if kind == RANKS:
         from scipy.special import ndtri
         from scipy.stats import rankdata
 

@@ -41,7 +41,7 @@ def alignment(values: np.ndarray) -> np.ndarray | None:
     48 sits between 32 and 64 and must behave like them; with this column it can be
     told apart from both. Small factors (tiles of 1..8) change the work per thread
     smoothly; there the column is noise the model must first learn to ignore, so they
-    get none (measurements: docs/optimizer.md).
+    get none (measurements: docs/decisions.md).
     """
     div = _divisors(values) if values.max() >= WARP else None
     if div is None:
@@ -58,7 +58,7 @@ def odd_part(values: np.ndarray) -> np.ndarray | None:
     On AMD GPUs a tile of 3 or a block width of 48 or 96 runs 30-100 times slower than
     its power-of-two neighbours, while on NVIDIA GPUs the same sizes are ordinary (on
     convolution_milo-A100 the optimum has a tile of 3). As an objective column it cost
-    the NVIDIA recordings more than it gave the AMD ones (docs/optimizer.md), so only
+    the NVIDIA recordings more than it gave the AMD ones (measured, not kept), so only
     the slow-regime classifier gets it.
     """
     div = _divisors(values)

@@ -5,33 +5,55 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .options import StrategyOptions, integer, positive
+from .options import StrategyOptions, Tuning, fixed, integer, positive
 from .problem import Candidates, History
 from .strategy import Strategy, take_random
+
+# Tournament size: each parent is the best of this many drawn from the population (the
+# selection pressure; the tuning knob ``tournament``).
+TOURNAMENT = 3
+
+
+@dataclass(frozen=True)
+class GeneticTuning(Tuning):
+    """The genetic strategy's internal knob, for development callers (`Study`'s ``tuning``)."""
+
+    tournament: int = integer(TOURNAMENT, "Tournament size: each parent is the best of this many.")
 
 
 @dataclass(frozen=True)
 class GeneticOptions(StrategyOptions):
+    removed: ClassVar[Mapping[str, str]] = fixed(GeneticTuning)
+
     population: int = integer(
-        20, "Population size: the best this many evaluations breed; until there are as many, suggestions are random."
+        20, "Population size: the best this many evaluations breed; until there are as many, suggestions are random. "
+        "Smaller breeds sooner, larger explores longer: on one recording per kernel family (20 seeds), the mean "
+        "fraction of the optimum at 100 evaluations was 0.930 with 20, 0.955 with 10 (convolution_milo-A100 "
+        "0.797 → 0.878) and 0.916 with 40."
     )
     mutation: float | None = positive(
-        None, "Probability that a child's parameter is redrawn at random; default 1 / (number of parameters)."
+        None, "Probability that a child's parameter is redrawn at random; default 1 / (number of parameters). "
+        "Higher explores more: 0.5 took the same recordings' mean at 60 evaluations 0.892 → 0.869 (at 100 "
+        "0.930 → 0.912)."
     )
-    tournament: int = integer(3, "Tournament size: each parent is the best of this many drawn from the population.")
 
 
 class Genetic(Strategy):
     name = "genetic"
     Options = GeneticOptions
+    Tuning = GeneticTuning
     options: GeneticOptions
+    tuning: GeneticTuning
 
-    def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(candidates, seed, options)
+    def __init__(
+        self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None,
+        tuning: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(candidates, seed, options, tuning)
         rows = candidates.rows
         self._values = [np.unique(rows[:, j]) for j in range(rows.shape[1])]
 
@@ -53,8 +75,8 @@ class Genetic(Strategy):
         for _ in range(n):
             if not avail.any():
                 break
-            a = population[min(rng.integers(size, size=self.options.tournament))]
-            b = population[min(rng.integers(size, size=self.options.tournament))]
+            a = population[min(rng.integers(size, size=self.tuning.tournament))]
+            b = population[min(rng.integers(size, size=self.tuning.tournament))]
             child = np.where(rng.random(d) < 0.5, a, b)
             for j in np.flatnonzero(rng.random(d) < p_mut):
                 child[j] = rng.choice(self._values[j])

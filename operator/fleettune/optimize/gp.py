@@ -20,6 +20,9 @@ SQRT5 = math.sqrt(5.0)
 MIN_LENGTHSCALE = 0.025  # as BoTorch's dim-scaled prior: below this, 0/1 features look independent
 MIN_NOISE = 1e-6
 PREDICT_CHUNK = 16384  # candidates per block in `Posterior.predict`
+# L-BFGS iterations per hyperparameter fit of the Bayesian strategy, each fit started from
+# the previous checkpoint's (the tuning knob ``fit_iter``).
+FIT_ITER = 40
 
 
 @dataclass(frozen=True)

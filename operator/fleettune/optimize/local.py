@@ -14,6 +14,13 @@ from .problem import Candidates, History
 
 Scores = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # posterior mean, variance, log P(feasible)
 
+# Candidates scored exactly per suggestion; beyond, a random half of this many plus the
+# local search (``max_pool``): `suggest(1)` after 220 observations stays within 100 ms on
+# the 17,956-configuration GEMM and 1 s on 10^6 candidates.
+MAX_POOL = 20_000
+LOCAL_STARTS = 5  # the local search starts from this many of the best candidates (``local_starts``)
+LOCAL_ROUNDS = 3  # and takes at most this many rounds of one-move neighbourhoods (``local_rounds``)
+
 
 def scoring_pool(
     candidates: Candidates,

@@ -11,15 +11,22 @@ Declaring an option::
     @dataclass(frozen=True)
     class MyOptions(StrategyOptions):
         initial: int = integer(10, "size of the space-filling design")
-        growth: float = positive(0.25, "refit when the history grew by this fraction")
+
+The public options are few: what a user would set, each with its measured effect in its
+doc. A strategy's internal knobs are constants of the module that uses them, gathered in
+a second declaration of the same kind (the strategy's ``Tuning``, e.g. `BayesTuning`)
+that only a development caller sets (`Study`'s ``tuning``: benchmarks, tests); a
+TuningRun cannot. A former option stays in ``removed`` with what became of it, so that a
+run that still sets it is refused naming it rather than silently tuned otherwise.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from fleettune.names import did_you_mean
 
@@ -106,12 +113,6 @@ def non_negative(default: float, doc: str, *, warm_only: bool = False) -> Any:
     return _declare(default, doc, "a number >= 0", lambda v: _is_number(v) and v >= 0, warm_only)
 
 
-def one_of(default: str, doc: str, choices: tuple[str, ...], *, warm_only: bool = False) -> Any:
-    """One of a few words."""
-    expected = "one of " + ", ".join(repr(c) for c in choices)
-    return _declare(default, doc, expected, lambda v: isinstance(v, str) and v in choices, warm_only)
-
-
 def boolean(default: bool, doc: str, *, warm_only: bool = False) -> Any:
     return _declare(default, doc, "a boolean", lambda v: isinstance(v, bool), warm_only)
 
@@ -119,7 +120,14 @@ def boolean(default: bool, doc: str, *, warm_only: bool = False) -> Any:
 @dataclass(frozen=True)
 class StrategyOptions:
     """The options of a strategy: subclasses declare them as fields made with `integer`,
-    `positive`, `non_negative`, `one_of` or `boolean`. The base class has none."""
+    `positive`, `non_negative` or `boolean`. The base class has none.
+
+    ``removed``: former options, each with what replaced it ("it is now fixed at 40"):
+    given one, `resolve` refuses it by name. ``noun``: what the fields are called in
+    errors ("option"; "tuning knob" for a strategy's ``Tuning``)."""
+
+    removed: ClassVar[Mapping[str, str]] = {}
+    noun: ClassVar[str] = "option"
 
     @classmethod
     def declared(cls) -> tuple[Option, ...]:
@@ -137,14 +145,32 @@ class StrategyOptions:
         first unknown option (with the closest known one, and listing them all) or value not
         accepted."""
         declared = {o.name: o for o in cls.declared()}
+        a = "an" if cls.noun[0] in "aeiou" else "a"
         values = {}
         for key, value in (given or {}).items():
+            if key in cls.removed:
+                raise OptionError(key, f"no longer {a} {cls.noun}: {cls.removed[key]}")
             if key not in declared:
                 known = ", ".join(sorted(declared)) or "none"
                 hint = did_you_mean(str(key), declared)
-                raise OptionError(key, f"not an option of strategy {strategy!r}{hint} (options: {known})")
+                raise OptionError(key, f"not {a} {cls.noun} of strategy {strategy!r}{hint} ({cls.noun}s: {known})")
             values[key] = declared[key].check(value)
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Tuning(StrategyOptions):
+    """A strategy's internal knobs, declared as options are (the base class has none):
+    defaults are the constants of the modules that use them, and only a development caller
+    sets them (`Study`'s ``tuning``)."""
+
+    noun: ClassVar[str] = "tuning knob"
+
+
+def fixed(tuning: type[StrategyOptions]) -> dict[str, str]:
+    """``removed`` entries for former options that are now ``tuning``'s knobs: each is
+    fixed, for a TuningRun, at the knob's default."""
+    return {o.name: f"it is now fixed at {json.dumps(o.default)}" for o in tuning.declared()}

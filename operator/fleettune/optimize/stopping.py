@@ -90,7 +90,7 @@ class Progress:
     """Where a pool's round stands."""
 
     observations: int  # finished trials that measured their configuration (failures of it included)
-    infra_failures: int  # trials lost to the infrastructure
+    infra_failures: int  # trial Pods lost to the infrastructure (what budget.maxInfraFailures counts)
     elapsed_s: float  # seconds since the pool's round started
     running: int  # trials still running
     # The study's own reason to stop, `Study.should_stop(patience=budget.patience)` when the
@@ -98,6 +98,9 @@ class Progress:
     study_reason: str | None = None
     exhausted: bool = False  # the study had nothing left to suggest (see `pool_verdict`)
     last_infra_error: str = ""  # the last infrastructure failure's error, quoted when they fail the pool
+    # Trials those Pods did not measure: the status's ``infraFailed`` (a batch Pod that died
+    # loses every configuration it had not answered). None: one per failure.
+    infra_trials: int | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,16 @@ class Verdict:
         return self.phase is not None
 
 
+def infra_message(pods: int, trials: int | None, tolerated: int) -> str:
+    """Why infrastructure failures failed a pool, in the numbers its status shows: the rule
+    counts trial Pods, the status's ``infraFailed`` the trials they lost; when a batch Pod
+    lost several, the message gives both, so it never disagrees with the counter."""
+    if trials is None or trials == pods:
+        return f"{pods} infrastructure failures (budget.maxInfraFailures={tolerated})"
+    return (f"{pods} trial Pods lost to the infrastructure (budget.maxInfraFailures={tolerated}), "
+            f"{trials} trials unmeasured (infraFailed={trials})")
+
+
 def pool_verdict(budget: Budget, progress: Progress) -> Verdict | None:
     """Whether a pool's round ends now, and how; None: it goes on (suggest more trials).
 
@@ -137,8 +150,8 @@ def pool_verdict(budget: Budget, progress: Progress) -> Verdict | None:
     if p.infra_failures > budget.max_infra_failures:
         # The cause is in the Pods' results, which are gone with their Jobs: say it here.
         last = f"; the last: {bounded(p.last_infra_error, INFRA_ERROR_MAX)}" if p.last_infra_error else ""
-        message = f"{p.infra_failures} infrastructure failures (budget.maxInfraFailures={budget.max_infra_failures})"
-        return Verdict("Failed", message + last, stop_running=True)
+        return Verdict("Failed", infra_message(p.infra_failures, p.infra_trials, budget.max_infra_failures) + last,
+                       stop_running=True)
     if budget.deadline_seconds and p.elapsed_s > budget.deadline_seconds:
         return Verdict("Succeeded", f"deadline reached (budget.deadlineSeconds={budget.deadline_seconds})", True)
     if p.observations >= budget.trials_per_target:

@@ -7,11 +7,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import numpy as np
 
-from .options import Option, StrategyOptions, UnknownStrategyError
+from fleettune.names import did_you_mean
+
+from .options import Option, OptionError, StrategyOptions, Tuning, UnknownStrategyError
 from .problem import Candidates, History
 
 
@@ -25,20 +27,28 @@ class Strategy(ABC):
     Options: a strategy declares them as a `StrategyOptions` subclass in ``Options``;
     ``self.options`` is that class resolved from the given values (defaults for the
     others), and constructing a strategy with an unknown or invalid option raises
-    `OptionError`.
+    `OptionError`. Its internal knobs are declared the same way in ``Tuning`` (defaults:
+    the constants of the modules that use them) and resolved into ``self.tuning`` from
+    ``tuning``: a development hook (benchmarks that flip a heuristic, tests that fit
+    faster) that the operator never passes.
     """
 
     name: ClassVar[str] = "?"
     Options: ClassVar[type[StrategyOptions]] = StrategyOptions
+    Tuning: ClassVar[type[StrategyOptions]] = Tuning
     # Whether suggestions depend on the results observed: a batch of such a strategy's
     # suggestions, chosen before any of them is measured, is worse than the same number
     # chosen one at a time (the operator ramps batched Pods up for it, `slow_start`).
     learns: ClassVar[bool] = True
 
-    def __init__(self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, candidates: Candidates, seed: int, options: Mapping[str, Any] | None = None,
+        tuning: Mapping[str, Any] | None = None,
+    ) -> None:
         self.candidates = candidates
         self.seed = int(seed)
         self.options: StrategyOptions = self.Options.resolve(self.name, options)
+        self.tuning: StrategyOptions = self.Tuning.resolve(self.name, tuning)
         # Wall time of the model fits of the current (or last) `propose`, None when it
         # fitted nothing: a measurement for the operator's metrics, never an input.
         self.fit_seconds: float | None = None
@@ -126,3 +136,41 @@ def describe_options(strategy: str) -> tuple[Option, ...]:
     """Strategy ``strategy``'s options, in declaration order: name, default, doc and
     accepted values (``expected``), for documentation and command lines."""
     return strategy_class(strategy).Options.declared()
+
+
+def removed_options(strategy: str) -> Mapping[str, str]:
+    """Strategy ``strategy``'s former options, each with what replaced it."""
+    return strategy_class(strategy).Options.removed
+
+
+def describe_tuning(strategy: str) -> tuple[Option, ...]:
+    """Strategy ``strategy``'s internal knobs (its ``Tuning``), as `describe_options`."""
+    return strategy_class(strategy).Tuning.declared()
+
+
+class Settings(TypedDict):
+    """`Study`'s ``options`` and ``tuning`` keywords (`split_settings`)."""
+
+    options: dict[str, Any]
+    tuning: dict[str, Any]
+
+
+def split_settings(strategy: str, settings: Mapping[str, Any] | None) -> Settings:
+    """Development: ``settings``, options and tuning knobs in one mapping (a benchmark's
+    ``--option``/``--variant``), as `Study`'s ``options`` and ``tuning`` keywords, each
+    checked: `OptionError` for a key that is neither (a removed option named as such, unless
+    a knob kept its name) or a value not accepted."""
+    cls = strategy_class(strategy)
+    public, knobs = {o.name for o in cls.Options.declared()}, {o.name for o in cls.Tuning.declared()}
+    given = dict(settings or {})
+    for key in given:
+        if key not in public | knobs | set(cls.Options.removed):
+            hint = did_you_mean(str(key), public | knobs)
+            names = [", ".join(sorted(group)) or "none" for group in (public, knobs)]
+            known = f"options: {names[0]}; tuning knobs: {names[1]}"
+            raise OptionError(key, f"neither an option nor a tuning knob of strategy {strategy!r}{hint} ({known})")
+    tuning = {k: v for k, v in given.items() if k in knobs}
+    options = {k: v for k, v in given.items() if k not in knobs}
+    cls.Options.resolve(strategy, options)
+    cls.Tuning.resolve(strategy, tuning)
+    return Settings(options=options, tuning=tuning)

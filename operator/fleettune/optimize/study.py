@@ -80,7 +80,12 @@ class Study:
         candidates: np.ndarray | None = None,
         prior: Iterable[PriorObservation] = (),
         options: Mapping[str, Any] | None = None,
+        *,
+        tuning: Mapping[str, Any] | None = None,
     ) -> None:
+        """``options``: the strategy's (a TuningRun's ``spec.strategy.options``).
+        ``tuning``: its internal knobs (`Strategy.Tuning`), a development hook for
+        benchmarks and tests; the operator never passes it."""
         factory = strategy_class(strategy)  # UnknownStrategyError
         self.space = space
         self.strategy_name = strategy
@@ -88,7 +93,7 @@ class Study:
         if candidates is None:
             candidates = self._default_candidates(space, self.seed)
         self.candidates = shared_candidates(space, np.asarray(candidates))
-        self.strategy = factory(self.candidates, self.seed, options)  # OptionError
+        self.strategy = factory(self.candidates, self.seed, options, tuning)  # OptionError
         # Wall time the strategy spent fitting its models during the last `suggest`
         # (hyperparameters when a refit is due, and conditioning the models on the data;
         # not scoring the candidates); None when it fitted nothing (random, genetic, the

@@ -11,7 +11,7 @@ fitted to the prior alone, shifted by their mean offset, plus a residual GP fitt
 this pool's data (the "residual" warm model).
 
 How much of the prior's shape the model uses is earned from this pool's own results
-(`PriorTrust`, issue 18): the prior's prediction is scaled by a weight in [0, 1] that
+(`PriorTrust`): the prior's prediction is scaled by a weight in [0, 1] that
 follows the rank correlation between what the prior predicts at this pool's measured
 points and what this pool measured there; once the weight falls low, the study stops
 measuring the prior's picks and completes a cold study's space-filling design instead
@@ -20,7 +20,7 @@ improvement (of more than ``gain``, `stopping.improvements`) is dropped altogeth
 (`WarmStart.misleads`).
 
 Why checked rather than trusted, and the measurements behind these choices: see
-docs/optimizer.md.
+docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -52,6 +52,17 @@ PLATEAU_LEVEL = 0.95
 # On a plateau, after the prior's best, a warm study measures this many space-filling
 # points of the plateau (`WarmStart.plateau`).
 PLATEAU_DESIGN = 3
+# The prior's plateau counts (`WarmStart.plateau`) when it holds at least this share of the
+# candidates: an NVIDIA GPU's dedispersion plateau holds 14-42 %, no other recorded prior's
+# comes near 2 % (0: never; the tuning knob ``prior_plateau``).
+PRIOR_PLATEAU = 0.02
+# After the prior's best, probe this many other code paths, two configurations each, and
+# the prior model's best on as many more (`WarmStart.path_probes`; ``prior_paths``).
+PRIOR_PATHS = 3
+# Once the prior's best and the first code path's probes are measured, measure the prior's
+# best with its two helping moves applied together (`WarmStart.combination`;
+# ``prior_combine``).
+PRIOR_COMBINE = True
 
 
 def _none() -> np.ndarray:
@@ -61,7 +72,7 @@ def _none() -> np.ndarray:
 @dataclass(frozen=True)
 class PriorTrust:
     """How much a warm study's model leans on the prior, earned from the study's own
-    results (issue 18: a prior from another GPU can be wrong, or the reverse of right).
+    results (a prior from another GPU can be wrong, or the reverse of right).
 
     `weight(prior, own)` takes, for this pool's observations in the order measured, the
     prior's prediction (log time, or any monotone scale of it) and the measured log
@@ -130,7 +141,6 @@ class WarmStart:
         combine: bool,
         patience: int,
         gain: float,
-        residual: bool,
         fit_iter: int,
         plateau: float = 0.0,
         trust: PriorTrust | None = PriorTrust(),
@@ -139,9 +149,9 @@ class WarmStart:
         self._features = features
         self._fitting = fitting
         self.top, self.paths, self.combine, self.patience, self.gain = top, paths, combine, patience, gain
-        self.residual_model, self.fit_iter = residual, fit_iter
+        self.fit_iter = fit_iter
         self.plateau_share = plateau  # 0: never (see `plateau`)
-        self.trust = trust  # None: the prior keeps its full weight (the behaviour before issue 18)
+        self.trust = trust  # None: the prior keeps its full weight (no earned weight)
         self._prior: tuple[int, Posterior, float, float] | None = None
         self._prior_cand: torch.Tensor | None = None
         self._paths: tuple[np.ndarray, np.ndarray] | None = None  # code-path keys, path of each candidate
@@ -151,9 +161,9 @@ class WarmStart:
     # -- the residual model -------------------------------------------------------------
 
     def residual(self, history: History) -> bool:
-        """Whether this pool is modelled as the prior's prediction plus a residual GP."""
-        if not self.residual_model:
-            return False
+        """Whether this pool is modelled as the prior's prediction plus a residual GP: once
+        the prior has two results that ran and this pool one (before, one GP with a task
+        column models both)."""
         prior_ok = int((history.feasible & (history.task == 0)).sum())
         return prior_ok >= 2 and bool((history.feasible & (history.task == 1)).any())
 
@@ -322,7 +332,7 @@ class WarmStart:
         best, then space-filling points of the plateau, which show the model how the
         plateau differs here, instead of the prior's next best, probes and contrast
         points. The recorded spaces of the other families have at most 0.8 % of their
-        candidates on their plateau (docs/optimizer.md)."""
+        candidates on their plateau (docs/decisions.md)."""
         if self.plateau_share <= 0:
             return None
         n0 = int((history.task == 0).sum())

@@ -25,7 +25,8 @@ def _progress(msg: str) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    from fleettune_dev.cluster.binaries import ensure_helm, ensure_promtool
+    from fleettune_dev.cluster.binaries import ensure_helm
+    from fleettune_dev.cluster.promtool import ensure_promtool
 
     builders: dict[str, Callable[..., Path]] = {"helm": ensure_helm, "promtool": ensure_promtool}
     for name, build in builders.items():

@@ -161,7 +161,7 @@ def _mib(quantity: str) -> float:
 
 
 def test_default_memory_is_set_from_the_measurement(chart: Helm) -> None:
-    """`fleettune bench memory` (docs/memory.md): the largest run measured, 24 targets over
+    """`fleettune bench memory` (docs/benchmarks.md): the largest run measured, 24 targets over
     spaces of 1.9 million configurations, peaked at 1037 MiB with torch's CUDA build (the
     image's CPU build is smaller); the demo stays near 800 MiB with it, about 550 MiB without."""
     res = container(chart.template())["resources"]
@@ -182,7 +182,7 @@ def test_trial_policy_is_off_by_default_and_set_from_values(chart: Helm) -> None
 
 def test_a_default_queue_and_multikueue_workers_reach_the_operator(chart: Helm) -> None:
     """trialPolicy.queue sets the default Kueue queue; each MultiKueue worker's kubeconfig is
-    mounted read-only from its Secret, and the operator is told where (docs/kueue.md)."""
+    mounted read-only from its Secret, and the operator is told where (docs/operations/multikueue.md)."""
     plain = chart.template()
     env = {e["name"]: e.get("value") for e in container(plain)["env"]}
     assert "FLEETTUNE_DEFAULT_QUEUE" not in env and "FLEETTUNE_WORKER_KUBECONFIGS" not in env
@@ -435,7 +435,7 @@ def test_schema_accepts_the_documented_settings(chart: Helm) -> None:
     # The negative tests above would pass on a chart that rejects everything.
     chart.template(sets=("replicaCount=3", "peering.enabled=true", "metrics.serviceMonitor.labels.release=kps",
                          "dashboard.annotations.grafana_folder=GPU", "jobImage.repository=mirror/job"))
-    # The common values of other charts (issue #19): each accepted and rendered.
+    # The common values of other charts: each accepted and rendered.
     common = (
         "nameOverride=tuner", "fullnameOverride=gpu-tuner", "podSecurityContext.runAsUser=2000",
         "securityContext.runAsNonRoot=true", "extraEnv[0].name=A", "extraEnv[0].value=b",

@@ -33,6 +33,87 @@ def test_services_outlive_their_starter_and_cluster_down_stops_them(tmp_path):
     assert not cluster.state_dir.exists()
 
 
+def _fake_fleettune(tmp_path):
+    """A `fleettune` entry point as pip installs it (a script run by the venv's Python) that
+    only waits: what `ps` shows of `fleettune operator` started by hand."""
+    script = tmp_path / "bin" / "fleettune"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(120)\n")
+    script.chmod(0o755)
+    return script
+
+
+def _record(proc):
+    st = processes._stat(proc.pid)
+    assert st is not None
+    return processes.ProcessRecord("p", proc.pid, st[1], [])
+
+
+def test_cluster_down_stops_an_operator_restarted_by_hand_and_nothing_else(tmp_path):
+    import subprocess
+
+    cluster = LocalCluster(tmp_path / "state")
+    cluster.state_dir.mkdir()
+    fleettune = _fake_fleettune(tmp_path)
+    ours = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    other = {**os.environ, "KUBECONFIG": str(tmp_path / "state2" / "kubeconfig")}  # another cluster's
+    started = []
+
+    def spawn(argv, env):
+        started.append(subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL))
+        return _record(started[-1])
+
+    try:
+        service, _ = cluster.start_service("operator", ["sleep", "60"])  # the demo's, with its pid file
+        # As README/`demo --keep` say: `export KUBECONFIG=…; fleettune operator` after stopping it.
+        by_hand = spawn([str(fleettune), "operator", "--all-namespaces"], ours)
+        by_flag = spawn([sys.executable, str(fleettune), "simulate", "--kubeconfig", str(cluster.kubeconfig)],
+                        os.environ)
+        shell = spawn(["sleep", "120"], ours)  # the user's shell that exported KUBECONFIG: not a fleettune program
+        elsewhere = spawn([str(fleettune), "operator"], other)
+        cluster.down()
+        assert not any(processes.is_alive(r) for r in (service, by_hand, by_flag))
+        assert processes.is_alive(shell) and processes.is_alive(elsewhere)
+        assert not cluster.state_dir.exists()
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_cluster_down_without_a_state_dir_still_stops_what_was_left(tmp_path, capsys):
+    import subprocess
+
+    from fleettune_dev.cluster.cli import main
+
+    state = tmp_path / "gone"
+    fleettune = _fake_fleettune(tmp_path)
+    proc = subprocess.Popen([str(fleettune), "operator"], env={**os.environ, "KUBECONFIG": str(state / "kubeconfig")},
+                            start_new_session=True)
+    try:
+        rec = _record(proc)
+        assert main(["down", "--state-dir", str(state)]) == 0
+        assert not processes.is_alive(rec)
+        assert capsys.readouterr().out == (f"no cluster in {state}; stopped 1 process(es) started against it "
+                                           f"(pids {proc.pid})\n")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_paths_are_named_whole_and_fleettune_programs_recognised():
+    root = "/c/default"
+    assert processes.names_path("KUBECONFIG=/c/default/kubeconfig", root)
+    assert processes.names_path("--data-dir=/c/default/etcd", root) and processes.names_path("/c/default", root)
+    assert processes.names_path("KUBECONFIG=/x/config:/c/default/kubeconfig", root)
+    assert not processes.names_path("KUBECONFIG=/c/default2/kubeconfig", root)
+    assert not processes.names_path("/b/c/default/kubeconfig", root)
+    assert processes.is_fleettune_program(["/v/bin/python", "/v/bin/fleettune", "operator"])
+    assert processes.is_fleettune_program(["/v/bin/python3", "-m", "fleettune.cli", "operator"])
+    assert not processes.is_fleettune_program(["/bin/bash"])
+    assert not processes.is_fleettune_program(["python", "-m", "pytest", "/w/fleettune"])
+
+
 def test_the_build_says_little_and_logs_everything(tmp_path, monkeypatch):
     monkeypatch.setattr(binaries, "_go_env", lambda: dict(os.environ))
     said: list[str] = []

@@ -6,7 +6,8 @@ what ``FAKE_PLAN`` says for each configuration, without cupy or a GPU.
   a marker file: only the first worker of a test starts, later ones find no GPU.
 * ``FAKE_PLAN``: JSON ``{index: mode}``; modes ``ok`` (default), ``hang``, ``crash``, ``kill``,
   ``sticky`` (an illegal address), ``toomany`` (a refused launch), ``longerror``, ``exit_after``
-  (answers, then ends), ``slow_setup`` (``FAKE_SETUP_S`` in the setup phase, then answers).
+  (answers, then ends), ``slow_setup`` (``FAKE_SETUP_S`` in the setup phase, then answers),
+  ``garbage`` (a result that is not one).
 * ``FAKE_PHASE``: the phase a hang is reported in (default ``run``).
 * ``FAKE_LOG``: where each command is recorded, one JSON line: the worker's pid, the
   index, the cubins it was given, and the answers already in the termination log.
@@ -103,7 +104,7 @@ def main() -> int:
             return 3
         elif mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        send({"index": index, "result": json.dumps(result(index, mode))})
+        send({"index": index, "result": "not json" if mode == "garbage" else json.dumps(result(index, mode))})
         if mode == "exit_after":
             return 0
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,9 +31,7 @@ from fleettune_job.protocol import (
     Entry,
     KernelRef,
     Outcome,
-    Trial,
     TrialResult,
-    decode,
     decode_batch,
 )
 
@@ -107,6 +106,16 @@ def test_a_worker_that_dies_mid_batch_keeps_what_was_done_and_a_fresh_worker_goe
     assert pids[0] == pids[1] and pids[2] == pids[3] and pids[1] != pids[2]
 
 
+def test_a_worker_that_sends_no_valid_result_is_the_nodes_fault_and_a_fresh_worker_goes_on(tmp_path: Path) -> None:
+    fake = Fake(tmp_path, FAKE_PLAN=json.dumps({"11": "garbage"}))
+    result = fake.run(scan_batch(3))
+    answers = by_index(result)
+    assert result.done and answers[10].o == answers[12].o == Outcome.OK
+    assert answers[11].o == Outcome.INFRA_ERROR and "worker sent an invalid result" in answers[11].e
+    pids = [s["pid"] for s in fake.seen()]
+    assert pids[1] != pids[2]
+
+
 @pytest.mark.parametrize(("phase", "outcome"), [("run", Outcome.TIMEOUT), ("reference", Outcome.INFRA_ERROR)])
 def test_a_hang_is_answered_for_that_configuration_only(tmp_path: Path, phase: str, outcome: Outcome) -> None:
     fake = Fake(tmp_path, FAKE_PLAN=json.dumps({"11": "hang"}), FAKE_PHASE=phase)
@@ -179,7 +188,7 @@ def test_a_worker_gone_between_two_configurations_is_replaced_without_an_answer(
     fake = Fake(tmp_path, FAKE_PLAN=json.dumps({"11": "exit_after"}))
 
     def slow_for_12(build: Build, compute_capability: str, out_dir: str) -> Artefact:
-        if "-Dblock_size_x=128" in build.options:  # #12 is ready once the worker has answered #11 and ended
+        if "#define block_size_x 128\n" in build.source:  # #12 is ready once the worker has answered #11 and ended
             deadline = time.monotonic() + 10
             while len(fake.seen()) < 2 and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -234,7 +243,7 @@ def fake_compiler(fail: Collection[int] = (), registers: dict[int, int] | None =
     """Compile error for the block sizes in ``fail``; ``registers`` per block size."""
     def compile_build(build: Build, compute_capability: str, out_dir: str) -> Artefact:
         assert compute_capability == "8.0"
-        block = int(next(o for o in build.options if o.startswith("-Dblock_size_x=")).split("=")[1])
+        block = int(re.search(r"^#define block_size_x (\d+)$", build.source, re.M)[1])
         if block in fail:
             return Artefact(seconds=0.75, error="compile error: line 3: error: identifier \"oops\" is undefined")
         path = Path(out_dir, f"{build.key}.cubin")
@@ -276,7 +285,7 @@ def test_a_configuration_beyond_the_devices_registers_is_a_launch_error_without_
 
 def test_a_compile_ahead_that_gives_nothing_leaves_the_compile_to_the_worker(tmp_path: Path) -> None:
     def unavailable(build: Build, compute_capability: str, out_dir: str) -> Artefact:
-        if "-Dblock_size_x=64" in build.options:
+        if "#define block_size_x 64\n" in build.source:
             raise RuntimeError("a pool process died")
         return Artefact(seconds=0.1, note="not compiled ahead (NVRTC status 5): invalid value for --gpu-architecture")
 
@@ -326,7 +335,7 @@ def test_a_user_kernels_reference_compiles_once_per_batch(tmp_path: Path) -> Non
     result = fake.run(user_batch(tmp_path), ahead=AheadOptions(1, recording_compiler(compiled), threads))
     assert result.done
     # BS=128 is the reference configuration itself: three builds in all, the reference first.
-    assert [b.options[0] for b in compiled] == ["-DBS=128", "-DBS=64", "-DBS=256"]
+    assert [b.source.split("\n")[0] for b in compiled] == ["#define BS 128", "#define BS 64", "#define BS 256"]
     reference = compiled[0].key
     assert all(reference in s["cubins"] for s in fake.seen())
 
@@ -355,16 +364,18 @@ def test_the_entrypoint_compiles_ahead_in_a_process_pool_with_the_real_nvrtc(tmp
         assert len(seen["cubins"]) == 1 and seen["cubin_bytes"] == ["\x7fELF"]
 
 
-# The entrypoint: a batch goes to the batch supervisor, a trial keeps its path.
+# The entrypoint: every work is a batch (of one configuration or several).
 
-def test_the_entrypoint_tells_a_batch_from_a_trial(tmp_path: Path) -> None:
+def test_the_entrypoint_reads_a_batch_and_refuses_anything_else(tmp_path: Path) -> None:
     work = scan_batch(2)
     args = entrypoint.parse_args(["--trial", work.to_env()])
-    assert entrypoint.load_work(args, {}) == work
-    trial = work.trials()[0]
-    assert entrypoint.load_work(entrypoint.parse_args(["--trial", trial.to_env()]), {}) == trial
-    with pytest.raises(entrypoint.TrialInputError, match="invalid trial in --trial"):
-        entrypoint.load_work(entrypoint.parse_args(["--trial", "{not json"]), {})
+    assert entrypoint.load_batch(args, {}) == work
+    with pytest.raises(entrypoint.TrialInputError, match="invalid batch in --trial"):
+        entrypoint.load_batch(entrypoint.parse_args(["--trial", "{not json"]), {})
+    # A one-configuration document of an earlier version is not a batch.
+    trial = work.trials()[0].model_dump_json()
+    with pytest.raises(entrypoint.TrialInputError, match="invalid batch in --trial: entries: Field required"):
+        entrypoint.load_batch(entrypoint.parse_args(["--trial", trial]), {})
 
 
 def test_an_invalid_batch_is_answered_with_a_batch_result(tmp_path: Path) -> None:
@@ -375,19 +386,18 @@ def test_an_invalid_batch_is_answered_with_a_batch_result(tmp_path: Path) -> Non
     assert not result.answers and "invalid batch in --trial: entries" in result.error
 
 
-def test_a_plain_trial_still_writes_one_trial_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[Trial] = []
+def test_a_batch_of_one_answers_an_invalid_configuration_and_exits_0(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # An invalid configuration is a verdict in the message: the Pod ends as answered, nothing retries it.
+    from fleettune_job import runner
 
-    def supervise(trial: Trial) -> TrialResult:
-        seen.append(trial)
-        return TrialResult(outcome=Outcome.CORRECTNESS_ERROR, error="wrong")
-
-    monkeypatch.setattr(entrypoint, "supervise", supervise)
-    monkeypatch.setattr(batch, "run_batch", lambda *a, **k: pytest.fail("a trial is not a batch"))
+    wrong = TrialResult(outcome=Outcome.CORRECTNESS_ERROR, error="wrong")
+    monkeypatch.setattr(runner, "run_trial", lambda trial: wrong)
     log = tmp_path / "termination-log"
-    trial = scan_batch(1).trials()[0]
-    assert entrypoint.main(["--trial", trial.to_env(), "--termination-log", str(log)]) == 13
-    assert decode(log.read_text()).error == "wrong" and seen == [trial]
+    one = scan_batch(1)
+    assert entrypoint.main(["--trial", one.to_env(), "--termination-log", str(log), "--in-process"]) == 0
+    result = decode_batch(log.read_text())
+    assert result.done and [(a.i, a.o, a.e) for a in result.answers] == [(10, Outcome.CORRECTNESS_ERROR, "wrong")]
 
 
 def test_without_a_gpu_the_real_batch_worker_answers_nothing(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from fleettune_job.classify import (
     compiler_summary,
     cuda_error_name,
 )
-from fleettune_job.protocol import EXIT_CODES, Outcome
+from fleettune_job.protocol import Outcome
 
 
 # Same class names and message formats as cupy's (cupy.cuda.compiler.CompileException,
@@ -104,11 +104,11 @@ def test_classification(exc: BaseException, phase: Phase, outcome: Outcome, frag
     assert len(text) <= 600
 
 
-def test_invalid_configuration_outcomes_are_in_the_no_retry_band() -> None:
+def test_invalid_configuration_outcomes_are_the_configurations_not_the_nodes() -> None:
     for outcome in (Outcome.COMPILE_ERROR, Outcome.LAUNCH_ERROR, Outcome.RUNTIME_ERROR,
                     Outcome.CORRECTNESS_ERROR, Outcome.TIMEOUT):
-        assert 10 <= EXIT_CODES[outcome] < 20
-    assert EXIT_CODES[Outcome.INFRA_ERROR] == 20
+        assert outcome.is_invalid_configuration
+    assert not Outcome.INFRA_ERROR.is_invalid_configuration and not Outcome.OK.is_invalid_configuration
 
 
 @pytest.mark.parametrize(

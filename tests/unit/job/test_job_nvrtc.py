@@ -35,7 +35,7 @@ def build(name: str, config: dict[str, Any], problem_size: list[int], arch: str 
     p = prepare(Trial(run="r", target="t", index=0, kernel=KernelRef(builtin=name), config=config,
                       problem_size=problem_size))
     assert isinstance(p, Prepared)
-    return nvrtc_compile(p.source, [*p.options, f"-arch={arch}"])
+    return nvrtc_compile(p.code, [*p.options, f"-arch={arch}"])
 
 
 @pytest.mark.parametrize("arch", ["sm_75", "sm_87", "sm_90"])
@@ -82,8 +82,8 @@ def test_static_assertions_guard_the_kernel_rules() -> None:
     p = prepare(Trial(run="r", target="t", index=0, kernel=KernelRef(builtin="gemm"), config={},
                       problem_size=[1024, 1024, 1024]))
     assert isinstance(p, Prepared)
-    options = [o if not o.startswith("-Dmatrix_m=") else "-Dmatrix_m=1000" for o in p.options]
-    ok, log = nvrtc_compile(p.source, [*options, "-arch=sm_80"])
+    code = p.code.replace("#define matrix_m 1024\n", "#define matrix_m 1000\n")
+    ok, log = nvrtc_compile(code, [*p.options, "-arch=sm_80"])
     assert not ok
     assert "M must be a multiple of block_size_y * tile_size_y" in compiler_summary(log)
 
@@ -131,7 +131,7 @@ def test_a_user_kernel_and_its_reference_compile_with_the_jobs_options(tmp_path:
     p = user_kernel(tmp_path, {"BLOCK": 256, "ITEMS": 4})
     assert p.reference is not None
     for build in (p.candidate, p.reference):
-        assert nvrtc.check_kernel(build.source, build.options, build.function, cc) is None
+        assert nvrtc.check_kernel(build.code, build.options, build.function, cc) is None
     # The defines are what sizes the kernel: without them it does not compile at all.
     ok, log = nvrtc_compile(USER_SOURCE, [nvrtc.arch_option(cc)])
     assert not ok and "BLOCK" in compiler_summary(log)
@@ -139,6 +139,6 @@ def test_a_user_kernel_and_its_reference_compile_with_the_jobs_options(tmp_path:
 
 def test_a_user_configuration_beyond_the_shared_memory_limit_is_refused(tmp_path: Path) -> None:
     build = user_kernel(tmp_path, {"BLOCK": 1024, "ITEMS": 16}).candidate  # 64 KiB of static shared memory
-    problem = nvrtc.check_kernel(build.source, build.options, build.function, "8.7")
+    problem = nvrtc.check_kernel(build.code, build.options, build.function, "8.7")
     assert problem is not None and "too much shared data" in problem
-    assert nvrtc.check_kernel(build.source, build.options, "saxpy_typo", "8.0") is not None
+    assert nvrtc.check_kernel(build.code, build.options, "saxpy_typo", "8.0") is not None

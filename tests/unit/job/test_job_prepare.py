@@ -24,7 +24,7 @@ def test_builtin_defaults_fill_the_configuration_and_become_defines() -> None:
     assert p.defines["tile_k"] == "32"
     assert p.defines["matrix_m"] == "256" and p.defines["matrix_n"] == "512" and p.defines["matrix_k"] == "128"
     assert p.defines["problem_size_2"] == "128"
-    assert "-Dtile_k=32" in p.options and list(p.options) == sorted(p.options)
+    assert "#define tile_k 32\n" in p.code and p.code.endswith(p.source)
     # BN = 16 * 4 = 64 columns, BM = 16 * 4 = 64 rows per block.
     assert p.grid == (512 // 64, 256 // 64, 1) and p.block == (16, 16, 1)
 

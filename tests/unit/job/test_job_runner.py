@@ -47,6 +47,7 @@ class FakeCupy:
                  sync_error: Exception | None = None) -> None:
         self.kernel = FakeKernel(behaviour)
         self.options: tuple[str, ...] = ()
+        self.code = ""
         self.globals: dict[str, FakeMemPtr] = {}
         fake = self
 
@@ -56,7 +57,7 @@ class FakeCupy:
                     # Its kernels would be the trial's behaviour: the array code verifies here
                     # (verify.cu runs in the emulation, test_job_user_runner.py).
                     raise CompileException("the stand-in runs no verification kernels")
-                fake.options = options
+                fake.code, fake.options = code, options
                 if compile_error:
                     raise CompileException(compile_error)
 
@@ -133,9 +134,9 @@ def test_ok_trial_reports_median_times_and_fingerprint(monkeypatch: pytest.Monke
     assert result.outcome == Outcome.OK, result.error
     assert result.objective == 1.5 and result.times == [1.5] * 5
     assert result.fingerprint.product == "Fake GPU" and result.fingerprint.driver_version == "550.54.15"
-    assert result.compile_s is not None and result.exit_code == 0
+    assert result.compile_s is not None
     assert fake.kernel.calls == 1 + 2 + 5  # verification run, warm-ups, repeats
-    assert "-Drow_length=64" in fake.options and "-Dnum_rows=3" in fake.options
+    assert "#define row_length 64\n" in fake.code and "#define num_rows 3\n" in fake.code
     assert phases == [Phase.DEVICE, Phase.SETUP, Phase.COMPILE, Phase.ALLOCATE, Phase.COMPILE,
                       Phase.LAUNCH, Phase.RUN, Phase.VERIFY, Phase.TIME]
     assert decode(result.encode()) == result
@@ -190,7 +191,7 @@ def test_constant_memory_is_filled_before_the_launch(monkeypatch: pytest.MonkeyP
 def test_compile_error(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, FakeCupy(scan_correct, compile_error="k.cu(3): error: expected a ;"))
     result = runner.run_trial(trial())
-    assert result.outcome == Outcome.COMPILE_ERROR and result.exit_code == 10
+    assert result.outcome == Outcome.COMPILE_ERROR
     assert "line 3: error: expected a ;" in result.error
     assert result.fingerprint.product == "Fake GPU"
 
@@ -201,7 +202,7 @@ def test_launch_error_names_the_geometry(monkeypatch: pytest.MonkeyPatch) -> Non
 
     use(monkeypatch, FakeCupy(refuse))
     result = runner.run_trial(trial(config={"block_size_x": 1024, "rows_per_block": 2}))
-    assert result.outcome == Outcome.LAUNCH_ERROR and result.exit_code == 11
+    assert result.outcome == Outcome.LAUNCH_ERROR
     assert "block 1024x2x1 = 2048 threads" in result.error
     assert "at most 1024 threads per block" in result.error and "40 registers" in result.error
 
@@ -210,7 +211,7 @@ def test_runtime_error_at_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
     err = CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
     use(monkeypatch, FakeCupy(scan_correct, sync_error=err))
     result = runner.run_trial(trial())
-    assert result.outcome == Outcome.RUNTIME_ERROR and result.exit_code == 12
+    assert result.outcome == Outcome.RUNTIME_ERROR
     assert "illegal memory access" in result.error
 
 
@@ -221,7 +222,7 @@ def test_wrong_and_unwritten_results_are_correctness_errors(monkeypatch: pytest.
 
     use(monkeypatch, FakeCupy(off_by_one))
     result = runner.run_trial(trial())
-    assert result.outcome == Outcome.CORRECTNESS_ERROR and result.exit_code == 13
+    assert result.outcome == Outcome.CORRECTNESS_ERROR
     assert "1 of 192 elements wrong" in result.error and "[2, 10]" in result.error
 
     use(monkeypatch, FakeCupy(lambda grid, block, args: None))
@@ -338,7 +339,7 @@ def test_no_gpu_is_an_infrastructure_error(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(runner, "load_cupy", no_gpu)
     result = runner.run_trial(trial())
-    assert result.outcome == Outcome.INFRA_ERROR and result.exit_code == 20
+    assert result.outcome == Outcome.INFRA_ERROR
     assert result.error.startswith("no GPU")
 
 

@@ -48,8 +48,8 @@ def test_defines_geometry_and_scalars_of_the_candidate_and_the_reference(tmp_pat
     assert c.source == SOURCE and c.function == "saxpy" and p.label == "saxpy.cu:saxpy"
     assert c.defines == {"BLOCK": "256", "ALPHA": "0.5f", "UNROLL": "1", "MODE": "fast",
                          "problem_size_0": "1000", "problem_size_1": "3"}
-    assert c.options == ("-DALPHA=0.5f", "-DBLOCK=256", "-DMODE=fast", "-DUNROLL=1", "-Dproblem_size_0=1000",
-                         "-Dproblem_size_1=3")
+    assert c.code.startswith("#define ALPHA 0.5f\n#define BLOCK 256\n#define MODE fast\n#define UNROLL 1\n"
+                             "#define problem_size_0 1000\n#define problem_size_1 3\n#line 1\n")
     assert c.grid == (4, 3, 1) and c.block == (256, 1, 1) and c.threads_per_block == 256
     assert c.scalars == {"a": 0.5, "n": 3000}
     assert type(c.scalars["a"]) is np.float32 and type(c.scalars["n"]) is np.int32

@@ -25,10 +25,11 @@ def run(generation: int, status: dict[str, Any] | None) -> dict[str, Any]:
     return obj
 
 
-def status(phase: str, reason: str, message: str, generation: int = 1, pools: str = "Running") -> dict[str, Any]:
+def status(phase: str, reason: str, message: str, generation: int = 1, pools: str = "Running",
+           published: tuple[bool, str, str] | None = None) -> dict[str, Any]:
     ts = [target_status(name="a100", phase=pools, budget=10, records=[], running=0)]
     st = run_status(previous=None, generation=generation, phase=phase, targets=ts, results=None, reason=reason,
-                    message=message)
+                    message=message, published=published)
     return st.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
@@ -37,6 +38,9 @@ def test_kstatus_in_every_phase(kstatus: Path) -> None:
         "pending": (run(1, status("Pending", "WaitingForNodes", "no node matches a100")), "InProgress"),
         "running": (run(1, status("Running", "Tuning", "7/60 trials")), "InProgress"),
         "succeeded": (run(1, status("Succeeded", "Tuned", "a100=0.55ms", pools="Succeeded")), "Current"),
+        # Tuned, but its ConfigMap is someone else's: Flux's `wait` must not pass.
+        "succeeded, publication refused": (run(1, status("Succeeded", "Tuned", "", pools="Succeeded", published=(
+            False, "PublishRefused", "spec.publish.configMapName: ConfigMap x exists"))), "Failed"),
         "failed": (run(1, status("Failed", "InvalidSpec", "spec.constraints[0]: unknown name 'q'", pools="Failed")),
                    "Failed"),
         # The spec was edited (generation 2) and the operator has not caught up yet: whatever

@@ -1,6 +1,6 @@
 """What a Study keeps in memory: compact index rows, features computed on demand for large
 candidate sets, one candidate set shared by the studies of one space (the figures are in
-docs/memory.md, from `fleettune bench memory`)."""
+docs/benchmarks.md, from `fleettune bench memory`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fleettune_job.protocol import Outcome
 # matrix would take 14.2 MiB, the index rows 1.3 MiB as int32.
 BIG = [{"name": f"p{i}", "type": "ordinal", "values": [1, 2, 4, 8, 16, 32]} for i in range(6)]
 BIG.append({"name": "layout", "type": "categorical", "values": ["a", "b", "c", "d"]})
-FAST = {"fit_iter": 20}
+FAST = {"fit_iter": 20}  # tuning knobs (the development hook): fewer L-BFGS iterations
 
 
 def _arrays(obj: object) -> dict[int, int]:
@@ -43,7 +43,7 @@ def test_a_large_study_keeps_byte_rows_and_no_feature_matrix(fresh):
     fresh.setattr(problem, "MATERIALISE_BYTES", 4 << 20)
     space = SearchSpace.from_spec(BIG, [])
     n, d = space.count(), len(BIG)
-    study = Study(space, seed=0, options=FAST)
+    study = Study(space, seed=0, tuning=FAST)
     c = study.candidates
     assert len(c) == n == 186_624
     assert c.rows.dtype == np.uint8 and c.rows.nbytes == n * d and not c.rows.flags.writeable
@@ -77,10 +77,10 @@ def test_lazy_features_are_the_materialised_matrix(space):
 
 
 def test_studies_of_one_space_share_their_candidates(space, fresh):
-    a = Study(space, seed=0, options=FAST)
+    a = Study(space, seed=0, tuning=FAST)
     b = Study(SearchSpace.from_spec(*_spec(space)), strategy="random", seed=5)
     assert a.candidates is b.candidates
-    other = Study(space, seed=0, candidates=space.enumerate()[:100], options=FAST)
+    other = Study(space, seed=0, candidates=space.enumerate()[:100], tuning=FAST)
     assert other.candidates is not a.candidates and len(other.candidates) == 100
     # Shared, but each study has its own observations.
     (config,) = a.suggest(1)
@@ -101,13 +101,13 @@ def test_lazy_and_materialised_features_suggest_the_same(space, fresh):
     configs = space.to_configs(space.enumerate())
     rng = np.random.default_rng(4)
     prior = [(c, *evaluate(c)) for c in (configs[i] for i in rng.choice(len(configs), 30, replace=False))]
-    options = {**FAST, "max_pool": 200, "initial": 4}
+    settings = {"options": {"initial": 4}, "tuning": {**FAST, "max_pool": 200}}
     fresh.setattr("fleettune.optimize.warm.PREDICT_CHUNK", 100)  # the prior mean in several chunks
     runs = []
     for limit in (problem.MATERIALISE_BYTES, 0):
         fresh.setattr(problem, "MATERIALISE_BYTES", limit)
         fresh.setattr(study_module, "_SHARED", type(study_module._SHARED)())
-        study = Study(space, seed=1, prior=prior, options=options)
+        study = Study(space, seed=1, prior=prior, **settings)
         assert isinstance(study.candidates.x, LazyFeatures) == (limit == 0)
         picks = []
         for _ in range(8):
@@ -121,7 +121,7 @@ def test_lazy_and_materialised_features_suggest_the_same(space, fresh):
 
 def test_bayes_holds_no_tensor_of_all_candidates(space, fresh):
     fresh.setattr(problem, "MATERIALISE_BYTES", 0)
-    study = Study(space, seed=0, options=FAST)
+    study = Study(space, seed=0, tuning=FAST)
     for _ in range(12):
         (c,) = study.suggest(1)
         study.observe(c, *evaluate(c))
@@ -143,3 +143,15 @@ def test_lookup_beyond_integer_keys_uses_the_rows_bytes():
     if not (rows == other).all(axis=1).any():
         assert c.lookup(other)[0] == -1
     assert c.lookup(np.full(20, 300))[0] == -1 and c.lookup(np.full(20, -1))[0] == -1
+
+
+def test_finished_runs_keep_no_candidate_arrays():
+    """`fleettune bench memory finished-runs`: what a finished run keeps until it is deleted
+    (the planner's `drop_finished_studies`) holds no array of its candidates; keeping the
+    studies, as the operator did, grows by a candidate set per run."""
+    from fleettune_dev.bench.memory import finished_runs
+
+    kept = finished_runs(2, 2, 2, "random", keep_studies=True)
+    dropped = finished_runs(2, 2, 2, "random", keep_studies=False)
+    assert kept[1]["arrays"] > kept[0]["arrays"] > 10 * 2**20
+    assert [p["arrays"] for p in dropped] == [0, 0]

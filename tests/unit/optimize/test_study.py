@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import evaluate, feed, hidden_infeasible, objective, run
-from fleettune.optimize import STRATEGIES, Study, bayes, stop_reason
+from fleettune.optimize import STRATEGIES, Study, bayes, split_settings, stop_reason
 from fleettune.optimize.stopping import improvements
 from fleettune.space import SearchSpace
 from fleettune_job.protocol import Outcome
 
-FAST = {"fit_iter": 30}
+FAST = {"fit_iter": 30}  # tuning knobs (the development hook): fewer L-BFGS iterations
 
 
 def key(c: dict) -> tuple:
@@ -21,7 +21,7 @@ def key(c: dict) -> tuple:
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_suggestions_are_distinct_valid_and_new(space, strategy):
-    study = Study(space, strategy=strategy, seed=3, options=FAST if strategy == "bayes" else None)
+    study = Study(space, strategy=strategy, seed=3, tuning=FAST if strategy == "bayes" else None)
     seen = feed(study, 25)
     assert len({key(c) for c in seen}) == 25
     pending = study.suggest(3)
@@ -35,7 +35,7 @@ def test_suggestions_are_distinct_valid_and_new(space, strategy):
 
 
 def test_batch_does_not_cluster(space):
-    study = Study(space, seed=0, options=FAST)
+    study = Study(space, seed=0, tuning=FAST)
     feed(study, 20)
     batch = study.suggest(6)
     rows = space.encode(space.to_rows(batch))
@@ -45,7 +45,7 @@ def test_batch_does_not_cluster(space):
 
 def test_candidates_run_out_gracefully(space):
     rows = space.enumerate()[:5]
-    study = Study(space, strategy="bayes", seed=0, candidates=rows, options=FAST)
+    study = Study(space, strategy="bayes", seed=0, candidates=rows, tuning=FAST)
     got = study.suggest(10)
     assert len(got) == 5
     for c in got:
@@ -95,18 +95,18 @@ def test_stop_rules_on_traces():
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_deterministic_and_replayable(space, strategy):
     opts = FAST if strategy == "bayes" else None
-    a = Study(space, strategy=strategy, seed=7, options=opts)
-    b = Study(space, strategy=strategy, seed=7, options=opts)
+    a = Study(space, strategy=strategy, seed=7, tuning=opts)
+    b = Study(space, strategy=strategy, seed=7, tuning=opts)
     assert feed(a, 18) == feed(b, 18)
     # A study rebuilt from the stored history (as after an operator restart) continues
     # exactly like the one that lived through it.
-    c = Study(space, strategy=strategy, seed=7, options=opts)
+    c = Study(space, strategy=strategy, seed=7, tuning=opts)
     for i in range(len(a.history)):
         config = a.space.to_configs(a._rows[i].reshape(1, -1))[0]
         c.observe(config, a.history.outcome[i], None if np.isnan(a.history.value[i]) else a.history.value[i])
     assert c.suggest(4) == a.suggest(4)
-    other = Study(space, strategy=strategy, seed=8, options=opts)
-    assert feed(other, 12) != feed(Study(space, strategy=strategy, seed=7, options=opts), 12)
+    other = Study(space, strategy=strategy, seed=8, tuning=opts)
+    assert feed(other, 12) != feed(Study(space, strategy=strategy, seed=7, tuning=opts), 12)
 
 
 def test_warm_start_uses_prior_but_keeps_checking(space, optimum):
@@ -117,7 +117,7 @@ def test_warm_start_uses_prior_but_keeps_checking(space, optimum):
     best = min((c for c in configs if not hidden_infeasible(c)), key=objective)
     prior = [(c, *evaluate(c)) for c in [*sample, best]]
     prior = [(c, o, None if v is None else 1.7 * v) for c, o, v in prior]
-    study = Study(space, seed=0, prior=prior, options=FAST)
+    study = Study(space, seed=0, prior=prior, tuning=FAST)
     trace, _ = run(study, 8)
     assert trace[-1] <= optimum * 1.02  # found at once from the prior
     assert study.n_observed == 8  # prior results are not this study's observations
@@ -129,7 +129,7 @@ def test_bayes_beats_random_and_avoids_failures(space, optimum):
     for strategy in ("bayes", "random"):
         fracs, invalid = [], []
         for seed in range(3):
-            study = Study(space, strategy=strategy, seed=seed, options=FAST if strategy == "bayes" else None)
+            study = Study(space, strategy=strategy, seed=seed, tuning=FAST if strategy == "bayes" else None)
             trace, n_invalid = run(study, 30)
             fracs.append(optimum / trace[[9, 19, 29]])
             invalid.append(n_invalid)
@@ -143,7 +143,7 @@ def test_bayes_beats_random_and_avoids_failures(space, optimum):
 def test_large_space_path_subset_and_local_search(space, optimum):
     """With more candidates than max_pool, scoring uses a random subset plus one-move
     neighbourhoods of the best points and a local search: still finds good points."""
-    study = Study(space, seed=2, options={**FAST, "max_pool": 64, "initial": 6})
+    study = Study(space, seed=2, options={"initial": 6}, tuning={**FAST, "max_pool": 64})
     trace, _ = run(study, 30)
     assert optimum / trace[-1] > 0.8
     rows = study.candidates.rows
@@ -184,12 +184,12 @@ def test_residual_warm_start_learns_what_changed(space, optimum):
     sample = [configs[i] for i in rng.choice(len(configs), 80, replace=False)]
     prior = [(c, Outcome.OK, sibling(c)) if not hidden_infeasible(c) else (c, Outcome.COMPILE_ERROR, None)
              for c in sample]
-    study = Study(space, seed=0, prior=prior, options=FAST)
+    study = Study(space, seed=0, prior=prior, tuning=FAST)
     trace, _ = run(study, 17)
     assert study.strategy.warm.residual(study.history)  # the residual model is in charge
     assert optimum / trace[-1] >= 0.97, optimum / trace
     # rebuilt from prior + history (an operator restart), it suggests the same
-    again = Study(space, seed=0, prior=prior, options=FAST)
+    again = Study(space, seed=0, prior=prior, tuning=FAST)
     for i in range(study.n_prior, len(study.history)):
         config = space.to_configs(study._rows[i].reshape(1, -1))[0]
         value = study.history.value[i]
@@ -220,7 +220,7 @@ def test_hamming_moves_and_scan_agree(space):
 def test_expected_improvement_counts_the_models_misfit_as_variation(space, monkeypatch):
     """EI ranks a candidate by what measuring it may show: the model's own variance plus
     `misfit_ei` x the noise the model learned on top of the repeats' (kernel times are
-    rougher than a smooth surrogate; docs/optimizer.md). Only for a pick with nothing
+    rougher than a smooth surrogate; docs/decisions.md). Only for a pick with nothing
     outstanding: a batch's later picks and picks beside trials in flight rank by the
     model's variance alone, which is what spreads a batch out."""
     believers: list[bayes.Believers] = []
@@ -239,7 +239,7 @@ def test_expected_improvement_counts_the_models_misfit_as_variation(space, monke
     monkeypatch.setattr(bayes, "log_ei", spy_log_ei)
     for share in (0.0, 2.5):
         # rank_every 0: one model per suggestion (a rank pick's model learns its own misfit)
-        study = Study(space, seed=0, options={**FAST, "misfit_ei": share, "rank_every": 0})
+        study = Study(space, seed=0, options={"misfit_ei": share}, tuning={**FAST, "rank_every": 0})
         feed(study, 14)  # past the space-filling design: the model chooses
         ranked.clear()
         first, _ = study.suggest(2)
@@ -261,7 +261,7 @@ def test_every_third_model_pick_ranks_by_a_model_of_the_ranks(space, monkeypatch
     model = bayes.BayesOpt._model
 
     def spy(self, history, lengthscale=None, transform=None):
-        used.append(transform or self.options.transform)
+        used.append(transform or "log")
         return model(self, history, lengthscale, transform)
 
     monkeypatch.setattr(bayes.BayesOpt, "_model", spy)
@@ -271,7 +271,7 @@ def test_every_third_model_pick_ranks_by_a_model_of_the_ranks(space, monkeypatch
         study.suggest(n, pending=list(pending))
         return list(used)
 
-    study = Study(space, seed=0, options=FAST)
+    study = Study(space, seed=0, tuning=FAST)
     feed(study, 13)  # past the space-filling design
     assert transforms(study) == ["log"]  # own evaluation 13
     feed(study, 1)
@@ -281,15 +281,12 @@ def test_every_third_model_pick_ranks_by_a_model_of_the_ranks(space, monkeypatch
     assert transforms(study, 1, pending=[first]) == ["log"]  # 15, with 14 in flight
     feed(study, 1)
     assert transforms(study) == ["log"]  # 15
-    off = Study(space, seed=0, options={**FAST, "rank_every": 0})
+    off = Study(space, seed=0, tuning={**FAST, "rank_every": 0})
     feed(off, 14)
     assert transforms(off) == ["log"]
-    ranks = Study(space, seed=0, options={**FAST, "transform": "copula"})
-    feed(ranks, 14)
-    assert transforms(ranks) == ["copula"]
     configs = [c for c in space.to_configs(space.enumerate()) if not hidden_infeasible(c)]
     prior = [(c, *evaluate(c)) for c in configs[::7][:60]]
-    warm = Study(space, seed=0, prior=prior, options={**FAST, "prior_patience": 0})
+    warm = Study(space, seed=0, prior=prior, options={"prior_patience": 0}, tuning=FAST)
     feed(warm, 14)
     assert "copula" not in transforms(warm, 3)
 
@@ -305,7 +302,7 @@ def test_a_stalled_study_turns_to_the_neighbourhood_of_its_best(space):
     best_row = space.to_rows([best])[0]
 
     def moves_from_best(options: dict) -> list[int]:
-        study = Study(space, seed=1, options={**FAST, **options})
+        study = Study(space, seed=1, **split_settings("bayes", {**FAST, **options}))
         for c in history:
             study.observe(c, Outcome.OK, objective(c))
         out = []
@@ -342,7 +339,8 @@ def test_gains_within_timing_noise_do_not_end_a_stall(space):
     first = objective(picked[0])
 
     def study(options: dict) -> Study:
-        s = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 1, "stall_every": 1, **options})
+        s = Study(space, seed=1, **split_settings("bayes", {**FAST, "stall": 5, "stall_radius": 1, "stall_every": 1,
+                                                           **options}))
         for k, c in enumerate(picked):  # every evaluation a new best, by 0.05 %
             s.observe(c, Outcome.OK, first * (1 - 0.0005 * k))
         return s
@@ -365,7 +363,8 @@ def test_a_stalled_study_tries_the_bests_other_code_paths_first(space):
     history = [best] + [c for c in picked if c is not best]
 
     def changed(options: dict) -> list[set[str]]:
-        study = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 2, "stall_every": 1, **options})
+        study = Study(space, seed=1, **split_settings("bayes", {**FAST, "stall": 5, "stall_radius": 2,
+                                                               "stall_every": 1, **options}))
         for c in history:
             study.observe(c, Outcome.OK, objective(c))
         out = []
@@ -395,7 +394,8 @@ def test_a_stalled_study_then_tries_a_runner_up_regions_code_paths(space):
     others = [configs[i] for i in rng.choice(len(configs), 10, replace=False)]
 
     def picks(options: dict, behind: float) -> list[dict]:
-        study = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 2, "stall_every": 1, **options})
+        study = Study(space, seed=1, **split_settings("bayes", {**FAST, "stall": 5, "stall_radius": 2,
+                                                               "stall_every": 1, **options}))
         study.observe(best, Outcome.OK, 1.0)
         study.observe(runner, Outcome.OK, 1.0 + behind)
         for c in others:
@@ -430,7 +430,7 @@ def test_a_stalled_study_batch_alternates_like_one_at_a_time_picks(space):
     best_row = space.to_rows([best])[0]
     others = [c for c in picked if c is not best]
     for since_best in (11, 12):  # stall - k even, then odd
-        study = Study(space, seed=1, options={**FAST, "stall": 5, "stall_radius": 1, "stall_every": 2})
+        study = Study(space, seed=1, options={"stall": 5}, tuning={**FAST, "stall_radius": 1, "stall_every": 2})
         for c in [best, *others[:since_best]]:
             study.observe(c, Outcome.OK, objective(c))
         batch = study.suggest(4)
@@ -456,8 +456,8 @@ def test_warm_start_probes_another_code_path(space, optimum):
     rng = np.random.default_rng(2)
     prior = [(c, Outcome.OK, sibling(c)) for c in (configs[i] for i in rng.choice(len(configs), 80, replace=False))]
 
-    def first(options: dict) -> list[dict]:
-        study = Study(space, seed=0, prior=prior, options={**FAST, **options})
+    def first(tuning: dict) -> list[dict]:
+        study = Study(space, seed=0, prior=prior, tuning={**FAST, **tuning})
         run(study, 5)
         return [space.to_configs(study._rows[i].reshape(1, -1))[0] for i in range(study.n_prior, len(study.history))]
 
@@ -482,10 +482,10 @@ def test_a_prior_that_leaves_the_study_stalled_is_dropped(space):
     own = [min(own, key=objective)] + [c for c in own if c is not min(own, key=objective)]  # then 13 worse
     # slow_ratio 0: this landscape's slowest are thousands of times its best, and the slow
     # regime's classifier (the same with or without the prior) would decide both studies' picks
-    opts = {**FAST, "prior_patience": 12, "slow_ratio": 0}
+    opts = {**FAST, "prior_patience": 12, "slow_ratio": 0}  # options and tuning knobs
 
     def study(with_prior: bool, n: int) -> Study:
-        s = Study(space, seed=4, prior=prior if with_prior else (), options=opts)
+        s = Study(space, seed=4, prior=prior if with_prior else (), **split_settings("bayes", opts))
         for c in own[:n]:
             s.observe(c, Outcome.OK, objective(c))
         return s
@@ -511,7 +511,7 @@ def test_a_prior_is_dropped_when_the_study_only_creeps(space):
     own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
 
     def study(options: dict) -> Study:
-        s = Study(space, seed=4, prior=prior, options={**FAST, "prior_patience": 12, **options})
+        s = Study(space, seed=4, prior=prior, options={"prior_patience": 12, **options}, tuning=FAST)
         for k, c in enumerate(own):
             s.observe(c, Outcome.OK, 5.0 * (1 - 0.0005 * k))
         return s
@@ -557,7 +557,7 @@ def test_a_slow_regime_gets_a_classifier_of_its_own(monkeypatch):
     seen = slow_models(monkeypatch)
     for ratio in (20.0, 0.0):
         seen.clear()
-        study = Study(space, seed=0, options={**FAST, "slow_ratio": ratio})
+        study = Study(space, seed=0, tuning={**FAST, "slow_ratio": ratio})
         for _ in range(24):
             (c,) = study.suggest(1)
             study.observe(c, Outcome.OK, slow_time(c))
@@ -578,7 +578,7 @@ def test_a_slow_regime_gets_a_classifier_of_its_own(monkeypatch):
 def test_a_few_slow_outliers_are_not_a_regime(monkeypatch):
     """Fewer than 3, or under 10 % of the results, that slow: no slow-regime classifier
     (on the NVIDIA recordings a few configurations are 20-100 times slower than the best,
-    and a classifier fitted to them cost those spaces; docs/optimizer.md)."""
+    and a classifier fitted to them cost those spaces; docs/decisions.md)."""
     space = SearchSpace.from_spec(SLOW_SPACE, [])
     configs = space.to_configs(space.enumerate())
     slow = [c for c in configs if slow_time(c) > 20.0]
@@ -586,13 +586,13 @@ def test_a_few_slow_outliers_are_not_a_regime(monkeypatch):
     seen = slow_models(monkeypatch)
     for n_slow, expected in ((2, False), (3, True)):
         seen.clear()
-        study = Study(space, seed=0, options=FAST)
+        study = Study(space, seed=0, tuning=FAST)
         for c in slow[:n_slow] + fast[:20]:
             study.observe(c, Outcome.OK, slow_time(c))
         study.suggest(1)
         assert (seen[-1][1].slow is not None) is expected, n_slow
     seen.clear()
-    study = Study(space, seed=0, options=FAST)
+    study = Study(space, seed=0, tuning=FAST)
     for c in slow[:3] + fast[:30]:  # 3 of 33: under 10 %
         study.observe(c, Outcome.OK, slow_time(c))
     study.suggest(1)
@@ -616,7 +616,7 @@ def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
 
     fit = bayes.fit_hyper
     monkeypatch.setattr(bayes, "fit_hyper", slow_fit)
-    study = Study(space, seed=0, options={**FAST, "initial": 4})
+    study = Study(space, seed=0, options={"initial": 4}, tuning=FAST)
     seen = []
     for _ in range(14):
         before = len(fits)

@@ -1,4 +1,4 @@
-"""A warm start's prior earns its influence from the pool's own results (issue 18):
+"""A warm start's prior earns its influence from the pool's own results:
 `PriorTrust` on its own, and in a study whose prior is the reverse of its landscape or
 matches it."""
 
@@ -14,7 +14,7 @@ from fleettune.optimize import Study
 from fleettune.optimize.warm import CONTRAST, DESIGN, PLATEAU_DESIGN, SKIP_SEEDS_BELOW, PriorTrust
 from fleettune_job.protocol import Outcome
 
-FAST = {"fit_iter": 30}
+FAST = {"fit_iter": 30}  # tuning knobs (the development hook): fewer L-BFGS iterations
 
 
 def test_weight_needs_a_few_points_first() -> None:
@@ -59,7 +59,7 @@ def _prior(space, value, n: int = 60, seed: int = 3) -> list:
 
 
 def _fed(space, prior: list, n: int) -> Study:
-    study = Study(space, seed=4, prior=prior, options=FAST)
+    study = Study(space, seed=4, prior=prior, tuning=FAST)
     run(study, n)
     return study
 
@@ -136,10 +136,10 @@ def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     far = [{"bx": 16, "by": 16, "tile": 1, "layout": "a", "unroll": False},
            {"bx": 16, "by": 1, "tile": 2, "layout": "c", "unroll": False}]
 
-    def fed(times: dict[str, float], **options) -> Study:
+    def fed(times: dict[str, float], **tuning) -> Study:
         """The first five measurements (those the combination is drawn from): the
         prior's best, its two variants, two configurations far from it."""
-        study = Study(space, seed=4, prior=prior, options={**FAST, **options})
+        study = Study(space, seed=4, prior=prior, tuning={**FAST, **tuning})
         for c, name in ((best, "best"), (tile, "tile"), (by, "by")):
             study.observe(c, Outcome.OK, times[name])
         for c in far:
@@ -183,7 +183,7 @@ def test_the_weight_comes_back_when_the_pool_agrees_again(space) -> None:
     """The weight is a function of the history: measurements that agree with the prior
     restore what early disagreeing ones took."""
     prior = _prior(space, lambda c: 1.7 * objective(c))
-    study = Study(space, seed=4, prior=prior, options=FAST)
+    study = Study(space, seed=4, prior=prior, tuning=FAST)
     configs = _configs(space)
     rng = np.random.default_rng(5)
     picks = [configs[i] for i in rng.choice(len(configs), 30, replace=False)]
@@ -203,12 +203,12 @@ def test_a_reversed_prior_costs_little_against_a_cold_start(space, optimum, seed
     """With the trust rule, a warm start from a reversed landscape gets as close to the
     optimum in 20 evaluations as a cold start, give or take; without it (the prior
     trusted until ``prior_patience`` runs out, and none of the picks a cold study's: the
-    behaviour before issue 18) it stays further away."""
+    no earned weight) it stays further away."""
     prior = _prior(space, lambda c: 10.0 / objective(c), seed=seed)
 
     def best(trust: bool, with_prior: bool = True) -> float:
-        options = FAST if trust else {**FAST, "prior_hedge": 0}
-        study = Study(space, seed=seed, prior=prior if with_prior else (), options=options)
+        tuning = FAST if trust else {**FAST, "prior_hedge": 0}
+        study = Study(space, seed=seed, prior=prior if with_prior else (), tuning=tuning)
         if not trust:
             study.strategy.warm.trust = None
         trace, _ = run(study, 20)
@@ -222,7 +222,7 @@ def test_a_reversed_prior_costs_little_against_a_cold_start(space, optimum, seed
 def test_the_weight_is_cheap_and_the_same_for_a_rebuilt_study(space) -> None:
     prior = _prior(space, lambda c: 10.0 / objective(c))
     study = _fed(space, prior, 9)
-    again = Study(space, seed=4, prior=prior, options=FAST)
+    again = Study(space, seed=4, prior=prior, tuning=FAST)
     for i in range(study.n_prior, len(study.history)):
         config = space.to_configs(study._rows[i].reshape(1, -1))[0]
         value = study.history.value[i]
@@ -232,7 +232,7 @@ def test_the_weight_is_cheap_and_the_same_for_a_rebuilt_study(space) -> None:
 
 
 def test_a_cold_study_has_no_weight_to_lose(space) -> None:
-    study = Study(space, seed=4, options=FAST)
+    study = Study(space, seed=4, tuning=FAST)
     run(study, 6)
     assert study.strategy.warm.weight(study.history) == 1.0
 
@@ -249,9 +249,9 @@ def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
     rng = np.random.default_rng(6)
     own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
 
-    def study(n: int, with_prior: bool = True, **options) -> Study:
+    def study(n: int, with_prior: bool = True, **tuning) -> Study:
         s = Study(space, seed=4, prior=prior if with_prior else (),
-                  options={**FAST, "prior_lengthscales": False, **options})
+                  tuning={**FAST, "prior_lengthscales": False, **tuning})
         for c in own[:n]:
             s.observe(c, Outcome.OK, objective(c))
         return s
@@ -276,8 +276,8 @@ def test_the_hedged_picks_can_model_with_the_prior_length_scales(space) -> None:
     rng = np.random.default_rng(6)
     own = [configs[i] for i in rng.choice(len(configs), 13, replace=False)]
 
-    def study(with_prior: bool = True, **options) -> Study:
-        s = Study(space, seed=4, prior=prior if with_prior else (), options={**FAST, **options})
+    def study(with_prior: bool = True, **tuning) -> Study:
+        s = Study(space, seed=4, prior=prior if with_prior else (), tuning={**FAST, **tuning})
         for c in own:
             s.observe(c, Outcome.OK, objective(c))
         return s

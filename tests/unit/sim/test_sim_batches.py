@@ -19,13 +19,12 @@ from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots, ti
 from fleettune_dev.sim.recordings import Measurement, RecordedKernel, Recording, compact_recording, load_recording
 from fleettune_dev.sim.simulator import KILLED_EXIT_CODE
 from fleettune_job.protocol import (
-    EXIT_CODES,
+    EXIT_STOPPED_EARLY,
     TRIAL_ENV,
     Batch,
     Outcome,
     Trial,
     TrialResult,
-    decode,
     decode_batch,
 )
 
@@ -42,10 +41,10 @@ def _batch(configs: list[dict], first: int = 10, kernel: dict | None = None, **k
                  entries=[{"index": first + n, "config": c} for n, c in enumerate(configs)], **kw)
 
 
-def _pod(env: str, uid: str = "u") -> dict:
+def _pod(env: str | None, uid: str = "u") -> dict:
+    envs = [{"name": TRIAL_ENV, "value": env}] if env is not None else []
     return {"metadata": {"name": "p", "namespace": "ns", "uid": uid, "resourceVersion": "7"},
-            "spec": {"nodeName": "a100-0", "containers": [
-                {"name": "trial", "image": "t", "env": [{"name": TRIAL_ENV, "value": env}]}]},
+            "spec": {"nodeName": "a100-0", "containers": [{"name": "trial", "image": "t", "env": envs}]},
             "status": {"phase": "Running"}}
 
 
@@ -147,10 +146,9 @@ def test_a_pruned_configuration_is_answered_and_charged_as_the_job_times_it():
         assert ans.result.pruned is None
 
 
-def test_a_one_trial_pod_keeps_its_duration_when_the_recording_has_no_costs():
-    ans = _sim().answer(_pod(Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"},
-                                   config=CONFIG, problem_size=[4096, 4096]).to_env()), LABELS)
-    assert isinstance(ans, Answer) and ans.result.objective == RECORDED_MS
+def test_a_pod_of_one_configuration_keeps_its_duration_when_the_recording_has_no_costs():
+    ans = _sim().answer(_pod(_batch([CONFIG]).to_env()), LABELS)
+    assert [a.answer.result.objective for a in ans.answers] == [RECORDED_MS]
     assert ans.duration_s == pytest.approx(DEFAULT_COMPILE_S + RECORDED_MS * (3 + 7) / 1000)
 
 
@@ -256,7 +254,7 @@ def test_a_killed_batch_keeps_the_answers_its_time_had_reached():
     for elapsed, answered in ((0.0, []), (2.4, [10]), (4.0, [10, 11]), (99.0, [10, 11, 12])):
         result = decode_batch(ans.terminated(elapsed).encode())
         assert [a.i for a in result.answers] == answered
-        assert not result.done and result.error == "terminated" and result.exit_code == EXIT_CODES[Outcome.INFRA_ERROR]
+        assert not result.done and result.error == "terminated" and result.exit_code == EXIT_STOPPED_EARLY
 
 
 class FakeCore:
@@ -410,11 +408,9 @@ def test_a_batch_pod_deleted_before_it_was_answered_is_killed_with_no_answer():
     sim._stop_untracked(core, seen)
     state = core.patches[0]["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state["exitCode"] == KILLED_EXIT_CODE and decode_batch(state["message"]).answers == []
-    # A single-trial Pod being deleted is left to kwok, as before.
+    # A Pod that is no trial Pod (no FLEETTUNE_TRIAL) being deleted is left to kwok.
     submitted.clear()
-    trial = Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"}, config=CONFIG,
-                  problem_size=[4096, 4096])
-    sim._consider("MODIFIED", _deleted(_pod(trial.to_env(), uid="w")))
+    sim._consider("MODIFIED", _deleted(_pod(None, uid="w")))
     assert submitted == []
 
 
@@ -437,15 +433,18 @@ def test_an_invalid_batch_env_is_an_infrastructure_failure_in_the_batch_protocol
     empty = json.dumps({"run": "r", "target": "a100", "kernel": {"builtin": "convolution"},
                         "problem_size": [1], "entries": []})
     for env, text in ((empty, "invalid FLEETTUNE_TRIAL"),
-                      (_batch([CONFIG], kernel={"builtin": "gemm"}).to_env(), "no recording or synthetic model")):
+                      (_batch([CONFIG], kernel={"builtin": "transpose"}).to_env(), "no recording or synthetic model")):
         ans = sim.answer(_pod(env), LABELS)
         assert isinstance(ans, BatchAnswer), text
         result = decode_batch(ans.result.encode())
         assert not result.done and result.answers == [] and text in result.error
-        assert result.exit_code == EXIT_CODES[Outcome.INFRA_ERROR] and ans.duration_s > 0
-    # Not a batch at all: the one-trial protocol, as before.
-    garbled = sim.answer(_pod("{not json"), LABELS)
-    assert isinstance(garbled, Answer) and decode(garbled.result.encode()).outcome == Outcome.INFRA_ERROR
+        assert result.exit_code == EXIT_STOPPED_EARLY and ans.duration_s > 0
+    # Not even JSON, or a one-configuration document of an earlier version: no batch to read either.
+    trial = Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"}, config=CONFIG,
+                  problem_size=[4096, 4096])
+    for env in ("{not json", trial.model_dump_json()):
+        garbled = sim.answer(_pod(env), LABELS)
+        assert not garbled.answers and "invalid FLEETTUNE_TRIAL" in decode_batch(garbled.result.encode()).error
 
 
 def test_an_infrastructure_failure_mid_batch_stops_it_with_what_it_had():

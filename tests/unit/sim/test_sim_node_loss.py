@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from kubernetes.client import ApiException
+from one_config import batch_env
 
 from fleettune_dev.cluster.fleet import default_fleet
 from fleettune_dev.sim import FleetSimulator
@@ -36,11 +37,13 @@ def _due(sim: FleetSimulator, node_uid: str = "node-1") -> _Due:
                   problem_size=[4096, 4096])
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-1"},
            "spec": {"nodeName": "a100-0", "containers": [
-               {"name": "trial", "image": "t", "env": [{"name": TRIAL_ENV, "value": trial.to_env()}]}]}}
+               {"name": "trial", "image": "t", "env": [{"name": TRIAL_ENV, "value": batch_env(trial)}]}]}}
     answer = sim.answer(pod, FLEET.pool("a100").node_labels("a100-0"))
     sim._running.add("pod-1")
-    return _Due(at=0.0, seq=0, namespace="ns", name="p", uid="pod-1", node="a100-0", node_uid=node_uid,
-                answer=answer, trial=("ns", "r", "a100", 0), containers=[("trial", "t")], started={})
+    due = _Due(at=0.0, seq=0, namespace="ns", name="p", uid="pod-1", node="a100-0", node_uid=node_uid,
+               answer=answer, trial=("ns", "r", "a100", -1), containers=[("trial", "t")], started={})
+    sim._batches["pod-1"] = due  # running: its deletion would stop it
+    return due
 
 
 @pytest.mark.parametrize(("watched", "api", "completed"), [

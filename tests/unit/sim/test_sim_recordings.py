@@ -18,7 +18,7 @@ from fleettune_dev.sim.recordings import (
     load_recording,
     noise_factor,
 )
-from fleettune_job.protocol import EXIT_CODES, Outcome, Trial, decode
+from fleettune_job.protocol import Outcome, Trial, decode
 
 A100 = packaged_recordings_dir() / "convolution_milo-A100.json.gz"
 A4000 = packaged_recordings_dir() / "convolution_milo-A4000.json.gz"
@@ -104,7 +104,7 @@ def test_recorded_answers_follow_the_protocol(a100, raw_a100):
                                                                         Outcome.COMPILE_ERROR)):
         key = next(k for k, e in raw_a100["cache"].items() if e["time"] == kt)
         res = answer_trial(_trial(_config(key, raw_a100)), pool, labels, model).result
-        assert res.outcome == outcome and res.exit_code == EXIT_CODES[outcome]
+        assert res.outcome == outcome and res.outcome.is_invalid_configuration
         assert kt in res.error and res.objective is None
 
 

@@ -7,13 +7,15 @@ import base64
 import itertools
 
 import pytest
+from one_config import batch_env, only
 
 from fleettune_dev.cluster.fleet import default_fleet
 from fleettune_dev.sim import FleetSimulator
+from fleettune_dev.sim.answer import Answer
 from fleettune_dev.sim.usersource import (
     Compiler,
     SourceUnavailable,
-    compile_options,
+    compile_defines,
     config_map_data,
     launch_geometry,
     launch_refused,
@@ -21,7 +23,7 @@ from fleettune_dev.sim.usersource import (
     synthetic_measurement,
 )
 from fleettune_job import nvrtc
-from fleettune_job.protocol import EXIT_CODES, TRIAL_ENV, Outcome, Trial
+from fleettune_job.protocol import TRIAL_ENV, Outcome, Trial
 
 FLEET = default_fleet()
 SOURCE = """
@@ -49,11 +51,15 @@ def _pod(trial: Trial, *, config_map: str = "kernels", mount: str = "/etc/fleett
         "spec": {
             "nodeName": "a100-0",
             "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "kernel", "configMap": {"name": config_map}}],
-            "containers": [{"name": "trial", "image": "t", "env": [{"name": TRIAL_ENV, "value": trial.to_env()}],
+            "containers": [{"name": "trial", "image": "t", "env": [{"name": TRIAL_ENV, "value": batch_env(trial)}],
                             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
                                              {"name": "kernel", "mountPath": mount, "readOnly": True}]}],
         },
     }
+
+
+def _answer(sim: FleetSimulator, pod: dict, labels: dict, **kw) -> Answer:
+    return only(sim.answer(pod, labels, **kw))
 
 
 def _maps(data: dict[str, str] | None, name: str = "kernels"):
@@ -90,14 +96,15 @@ def test_binary_config_map_keys_are_read_as_files():
 
 
 def test_the_defines_are_the_jobs():
-    assert compile_options(_trial({"block_size_x": 64, "tile": True, "vec": "float4"})) == [
-        "-Dblock_size_x=64", "-Dproblem_size_0=1048576", "-Dtile=1", "-Dvec=float4"]
+    assert compile_defines(_trial({"block_size_x": 64, "tile": True, "vec": "float4"})) == {
+        "block_size_x": "64", "problem_size_0": "1048576", "tile": "1", "vec": "float4"}
     # Source implementing a built-in's interface also gets that interface's defines.
-    conv = compile_options(_trial({"block_size_x": 16}, builtin="convolution").model_copy(
+    conv = compile_defines(_trial({"block_size_x": 16}, builtin="convolution").model_copy(
         update={"problem_size": [4096, 2048]}))
-    assert {"-Dimage_width=4096", "-Dimage_height=2048", "-Dblock_size_x=16", "-Dproblem_size_1=2048"} <= set(conv)
+    assert {"image_width": "4096", "image_height": "2048", "block_size_x": "16",
+            "problem_size_1": "2048"}.items() <= conv.items()
     with pytest.raises(ValueError, match="compile-time constant"):
-        compile_options(_trial({"x": "1; int y"}))
+        compile_defines(_trial({"x": "1; int y"}))
 
 
 def test_the_synthetic_model_is_deterministic_smooth_and_marked():
@@ -116,15 +123,15 @@ def test_the_synthetic_model_is_deterministic_smooth_and_marked():
 @needs_nvrtc
 def test_a_user_kernel_that_compiles_gets_a_synthetic_time():
     sim = _sim()
-    ans = sim.answer(_pod(_trial()), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
+    ans = _answer(sim, _pod(_trial()), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
     r = ans.result
     assert r.outcome == Outcome.OK, r.error
     assert r.objective and r.fingerprint.synthetic and r.fingerprint.simulated
     assert r.fingerprint.compute_capability == "8.0"
-    again = sim.answer(_pod(_trial()), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
+    again = _answer(sim, _pod(_trial()), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
     assert again.result == r
     assert sim.compiler.compiles == 1, "the same configuration on the same architecture compiles once"
-    jetson = sim.answer(_pod(_trial()), FLEET.pool("jetson-orin").node_labels("jetson-orin-0"),
+    jetson = _answer(sim, _pod(_trial()), FLEET.pool("jetson-orin").node_labels("jetson-orin-0"),
                         config_maps=_maps({"scale.cu": SOURCE}))
     assert jetson.result.outcome == Outcome.OK and jetson.result.fingerprint.compute_capability == "8.7"
     assert sim.compiler.compiles == 2
@@ -133,14 +140,13 @@ def test_a_user_kernel_that_compiles_gets_a_synthetic_time():
 @needs_nvrtc
 def test_compile_errors_are_the_compilers_own():
     sim = _sim()
-    missing = sim.answer(_pod(_trial({"block_size_x": 128})), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
+    missing = _answer(sim, _pod(_trial({"block_size_x": 128})), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
     assert missing.result.outcome == Outcome.COMPILE_ERROR
-    assert missing.result.exit_code == EXIT_CODES[Outcome.COMPILE_ERROR]
     assert 'identifier "tile" is undefined' in missing.result.error
     assert not missing.result.fingerprint.synthetic
-    wrong_name = sim.answer(_pod(_trial(function="scal")), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
+    wrong_name = _answer(sim, _pod(_trial(function="scal")), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
     assert wrong_name.result.outcome == Outcome.COMPILE_ERROR and "no kernel named 'scal'" in wrong_name.result.error
-    injected = sim.answer(_pod(_trial({"block_size_x": 128, "tile": "1 -o /x"})), A100_LABELS,
+    injected = _answer(sim, _pod(_trial({"block_size_x": 128, "tile": "1 -o /x"})), A100_LABELS,
                           config_maps=_maps({"scale.cu": SOURCE}))
     assert injected.result.outcome == Outcome.COMPILE_ERROR and "compile-time constant" in injected.result.error
 
@@ -148,15 +154,15 @@ def test_compile_errors_are_the_compilers_own():
 def test_unreadable_source_is_an_infrastructure_error_that_says_why(monkeypatch):
     sim = _sim()
     cases = {
-        "ConfigMap kernels not found": sim.answer(_pod(_trial()), A100_LABELS, config_maps=_maps(None)),
-        "has no key 'scale.cu'": sim.answer(_pod(_trial()), A100_LABELS, config_maps=_maps({"other.cu": SOURCE})),
-        "no volume of the trial container": sim.answer(_pod(_trial(), mount="/opt"), A100_LABELS,
+        "ConfigMap kernels not found": _answer(sim, _pod(_trial()), A100_LABELS, config_maps=_maps(None)),
+        "has no key 'scale.cu'": _answer(sim, _pod(_trial()), A100_LABELS, config_maps=_maps({"other.cu": SOURCE})),
+        "no volume of the trial container": _answer(sim, _pod(_trial(), mount="/opt"), A100_LABELS,
                                                         config_maps=_maps({"scale.cu": SOURCE})),
-        "HTTP 500": sim.answer(_pod(_trial()), A100_LABELS,
+        "HTTP 500": _answer(sim, _pod(_trial()), A100_LABELS,
                                config_maps=lambda name: (_ for _ in ()).throw(RuntimeError("HTTP 500"))),
     }
     monkeypatch.setattr(Compiler, "available", staticmethod(lambda: False))
-    cases["libnvrtc not found"] = sim.answer(_pod(_trial()), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
+    cases["libnvrtc not found"] = _answer(sim, _pod(_trial()), A100_LABELS, config_maps=_maps({"scale.cu": SOURCE}))
     for text, ans in cases.items():
         assert ans.result.outcome == Outcome.INFRA_ERROR, text
         assert text in ans.result.error, (text, ans.result.error)
@@ -175,8 +181,8 @@ def test_launch_geometry_is_the_jobs():
 def test_launches_cuda_would_refuse_are_launch_errors():
     sim = _sim()
     maps = _maps({"scale.cu": SOURCE})
-    big = sim.answer(_pod(_trial({"block_size_x": 2048, "tile": 1})), A100_LABELS, config_maps=maps).result
+    big = _answer(sim, _pod(_trial({"block_size_x": 2048, "tile": 1})), A100_LABELS, config_maps=maps).result
     assert big.outcome == Outcome.LAUNCH_ERROR and "2048 threads" in big.error
-    unknown = sim.answer(_pod(_trial(block=["block_size_y"])), A100_LABELS, config_maps=maps).result
+    unknown = _answer(sim, _pod(_trial(block=["block_size_y"])), A100_LABELS, config_maps=maps).result
     assert unknown.outcome == Outcome.LAUNCH_ERROR and "launch geometry" in unknown.error
     assert "block_size_y" in unknown.error

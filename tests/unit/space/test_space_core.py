@@ -164,7 +164,7 @@ def test_device_only_constraints():
 
 
 def test_enumerate_into_a_narrow_index_type():
-    """Studies enumerate large spaces straight into one byte per parameter (issue 21)."""
+    """Studies enumerate large spaces straight into one byte per parameter."""
     space = SearchSpace.from_spec(
         [{"name": "a", "type": "integer", "range": {"min": 0, "max": 299}},
          {"name": "b", "type": "ordinal", "values": [1, 2, 4, 8]}],
