@@ -249,6 +249,10 @@ def _wins(new: PublishedEntry, old: PublishedEntry) -> bool:
         # A new round (or kernel): its result is the truth even when slower. Callers pass
         # only results of their pools' current rounds as new.
         return True
+    if new.trial is not None and (new.trial, new.config) == (old.trial, old.config):
+        # The same trial: its record as stored replaces the provisional one read from its
+        # running Pod's log (which could not say whether its outputs were checked).
+        return True
     if fingerprint_key(new.fingerprint) == fingerprint_key(old.fingerprint):
         # Same hardware and driver: only a strictly better time replaces, so a re-measured
         # (noisier) copy of the same configuration never makes the published one regress.

@@ -90,10 +90,14 @@ def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
 def outputs_unverified(records: Sequence[TrialRecord]) -> bool:
     """Whether the best result's outputs went unchecked (the fleet simulator cannot compute
     them): then nothing says the fastest configuration is a correct one. Without a valid
-    result, what the latest trial reported."""
+    result, what the latest trial reported. A provisional record (an answer read from a
+    running Pod's log) carries no fingerprint of its own: the Pods that ended say it."""
     best = ranked(records)
-    source = best[0] if best else next((r for r in reversed(records) if r.fingerprint is not None), None)
-    return source is not None and source.fingerprint is not None and source.fingerprint.unverified
+    fp = best[0].fingerprint if best else None
+    if fp is None or not fp.product:
+        fp = next((r.fingerprint for r in reversed(records) if r.fingerprint is not None and r.fingerprint.product),
+                  fp)
+    return fp is not None and fp.unverified
 
 
 def is_unverified(target: TargetStatus) -> bool:

@@ -26,9 +26,11 @@ NEW = OLD.model_copy(update={"driver_version": "560.35.03"})
 
 
 def entry(pool="a100", size=(4096, 4096), t=1.0, fp=OLD, at="2025-01-01T00:00:00Z", round=1, kernel="k1",
-          **config) -> PublishedEntry:
+          trial=None, **config) -> PublishedEntry:
+    # Another time is another trial (a re-measured copy of a configuration has its own index).
     return PublishedEntry(pool=pool, problem_size=size, config=config or {"block_size_x": 32, "tile": 2},
-                          time_ms=t, fingerprint=fp, trial=3, measured_at=at, round=round, kernel=kernel)
+                          time_ms=t, fingerprint=fp, trial=int(t * 1000 + 0.5) if trial is None else trial,
+                          measured_at=at, round=round, kernel=kernel)
 
 
 def should_publish(current, new, pools=None, kernel=None) -> bool:
@@ -175,3 +177,13 @@ def test_the_round_is_published_as_generation() -> None:
     # The keyword of earlier versions, until every caller says round=.
     old = PublishedEntry(pool="a", problem_size=(8,), config={}, time_ms=1.0, generation=2)  # type: ignore[call-arg]
     assert old.round == 2
+
+
+def test_a_trials_stored_record_replaces_its_provisional_one() -> None:
+    """An answer read from a running Pod's log is published at once, before the Pod's end
+    says whether its outputs were checked; the stored record then replaces it."""
+    provisional = configmap_data("r", [entry(t=2.135, size=(64,), size_=256)])
+    stored = entry(t=2.135, size=(64,), size_=256).model_copy(update={"verified": False})
+    plan = publish_plan("r", provisional, [stored], kernel="k1")
+    assert plan is not None and plan["a100.64.verified"] == "false"
+    assert publish_plan("r", plan, [stored], kernel="k1") is None

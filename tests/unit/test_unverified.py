@@ -31,7 +31,7 @@ from fleettune.publish import PublishedEntry, configmap_data, read_entries
 from fleettune.report import pool_reports, print_table, render_html, summary
 from fleettune.results import TrialRecord, records_from_job
 from fleettune.space import SearchSpace
-from fleettune.status import UNVERIFIED_NOTE, ranked, run_status, said, target_status
+from fleettune.status import UNVERIFIED_NOTE, outputs_unverified, ranked, run_status, said, target_status
 from fleettune_dev.cluster.fleet import default_fleet
 from fleettune_dev.demo import _summary, _table
 from fleettune_dev.sim import FleetSimulator
@@ -198,6 +198,14 @@ def test_a_checked_best_is_not_marked_even_beside_unchecked_results():
     assert said(status) == "budget spent"
     real = target_status(name="h200", phase="Succeeded", budget=1, running=0, records=[_rec(0, Outcome.OK, 1.0, REAL)])
     assert real.fingerprint is not None and not real.fingerprint.unverified
+
+
+def test_a_provisional_best_takes_the_mark_of_the_pods_that_ended():
+    """An answer read from a running Pod's log has no fingerprint of its own (`Fingerprint()`):
+    it is as unchecked as the answers of the Pods that ended."""
+    records = [_rec(0, Outcome.OK, 2.0), _rec(1, Outcome.OK, 1.25, fp=Fingerprint())]
+    assert outputs_unverified(records)
+    assert not outputs_unverified([_rec(0, Outcome.OK, 2.0, fp=REAL), _rec(1, Outcome.OK, 1.25, fp=Fingerprint())])
 
 
 SPEC = TuningRunSpec.model_validate(yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())["spec"])

@@ -23,7 +23,7 @@ from fleettune.fingerprint import GpuFingerprint
 from fleettune.names import bounded
 from fleettune.publish import PublishedEntry, not_ours, publish_plan, published_configmap
 from fleettune.results import TrialRecord
-from fleettune.status import PUBLISH_REFUSED, ranked
+from fleettune.status import PUBLISH_REFUSED, outputs_unverified, ranked
 
 PUBLISH_RECHECK_S = 60.0
 
@@ -32,13 +32,14 @@ def entries(pools: Iterable[Pool], records: Sequence[TrialRecord], kernel: str) 
     """The best configuration of each pool's current round, where it has one."""
     out = []
     for pool in pools:
-        best = ranked(pool.records(records))
+        mine = pool.records(records)
+        best = ranked(mine)
         if best and best[0].objective is not None:  # ranked results are valid: they have one
             out.append(PublishedEntry(
                 pool=pool.spec.name, problem_size=pool.problem_size, config=best[0].config,
                 time_ms=best[0].objective, fingerprint=pool.tuned_for or GpuFingerprint(),
                 trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at, kernel=kernel,
-                verified=not (best[0].fingerprint is not None and best[0].fingerprint.unverified),
+                verified=not outputs_unverified(mine),
             ))
     return out
 
