@@ -17,9 +17,9 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("fleettune.controller.run", "run the operator against the current kubeconfig"),
-    "report": ("fleettune.report", "per-pool table of a run; --html/--png: a report with its figure"),
-    "predict": ("fleettune.predict", "recommend a configuration for a problem size that was never tuned"),
-    "export": ("fleettune.export", "a run's results as a Kernel Tuner cache or T4 results file"),
+    "report": ("fleettune.commands.report", "per-pool table of a run; --html/--png: a report with its figure"),
+    "predict": ("fleettune.commands.predict", "recommend a configuration for a problem size that was never tuned"),
+    "export": ("fleettune.commands.export", "a run's results as a Kernel Tuner cache or T4 results file"),
     "crd": ("fleettune.crd", "print the TuningRun CustomResourceDefinition generated from the models"),
 }
 DEV_PACKAGE = "fleettune_dev"

@@ -217,7 +217,7 @@ def test_report_reads_a_run_from_the_cluster(
     cluster: Any, namespace: str, api_client: Any, tuningrun_crd: None, tmp_path: Path
 ) -> None:
     from fleettune import GROUP, PLURAL, VERSION
-    from fleettune.report import main
+    from fleettune.commands.report import main
 
     run = yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())
     run["metadata"] = {"name": "reported", "namespace": namespace}

@@ -17,9 +17,9 @@ import yaml
 from kubernetes import client
 
 from fleettune import GROUP, PLURAL, VERSION
-from fleettune.export import main as export_main
-from fleettune.predict import main as predict_main
-from fleettune.report import main as report_main
+from fleettune.commands.export import main as export_main
+from fleettune.commands.predict import main as predict_main
+from fleettune.commands.report import main as report_main
 from fleettune.results import TrialRecord
 from fleettune.space import SearchSpace
 from fleettune.store import ResultsStore

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fleettune.api import TuningRunSpec
-from fleettune.export import ExportError, choose_pool, export_records, main, write
+from fleettune.commands.export import ExportError, choose_pool, export_records, main, write
 from fleettune.results import TrialRecord
 from fleettune.space import SearchSpace
 from fleettune.space.kernel_tuner import read_kernel_tuner_cache

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleettune.predict import check_against, main
+from fleettune.commands.predict import check_against, main
 from fleettune.prediction import fit_scale, nearest_best, recommend
 from fleettune.sizes import parse_size
 from fleettune.space import SearchSpace

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from fleettune.report import (
+from fleettune.commands.report import (
     FigureUnavailable,
     best_so_far,
     figure_png,
@@ -186,7 +186,7 @@ def test_with_matplotlib_html_and_png_are_written(stored, capsys, tmp_path):
 def test_the_report_module_does_not_import_matplotlib():
     """`fleettune report`'s module loads on a plain install; only the figure needs the extra."""
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "import fleettune.cli, fleettune.report\n"
+            "import fleettune.cli, fleettune.commands.report\n"
             "assert 'matplotlib' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
             "try:\n"
             "    fleettune.cli.main(['report', '--help'])\n"

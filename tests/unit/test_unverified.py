@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 
 from fleettune.api import TuningRunSpec
+from fleettune.commands.report import pool_reports, print_table, render_html, summary
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.pool import Pool
 from fleettune.controller.publisher import entries
@@ -28,7 +29,6 @@ from fleettune.controller.reporting import Reporter
 from fleettune.labels import CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune.optimize import Study
 from fleettune.publish import PublishedEntry, configmap_data, read_entries
-from fleettune.report import pool_reports, print_table, render_html, summary
 from fleettune.results import TrialRecord, records_from_job
 from fleettune.space import SearchSpace
 from fleettune.status import UNVERIFIED_NOTE, outputs_unverified, ranked, run_status, said, target_status

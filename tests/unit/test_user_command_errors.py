@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleettune.export import main as export_main
-from fleettune.predict import main as predict_main
-from fleettune.report import main as report_main
+from fleettune.commands.export import main as export_main
+from fleettune.commands.predict import main as predict_main
+from fleettune.commands.report import main as report_main
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "report": lambda args: report_main(args),
