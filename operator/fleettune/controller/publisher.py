@@ -23,7 +23,7 @@ from fleettune.fingerprint import GpuFingerprint
 from fleettune.names import bounded
 from fleettune.publish import PublishedEntry, not_ours, publish_plan, published_configmap
 from fleettune.results import TrialRecord
-from fleettune.status import PUBLISH_REFUSED, outputs_unverified, ranked
+from fleettune.status import PUBLISH_FAILED, PUBLISH_REFUSED, outputs_unverified, ranked
 
 PUBLISH_RECHECK_S = 60.0
 
@@ -64,7 +64,7 @@ class Publisher:
         if self.problem is not None:
             return False, PUBLISH_REFUSED, self.problem
         if self.error is not None:
-            return False, "PublishFailed", self.error
+            return False, PUBLISH_FAILED, self.error
         if self.resource_version is None:
             return False, "NothingYet", "no result to publish yet"
         return True, "Published", ""
