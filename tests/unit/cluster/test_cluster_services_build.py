@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,12 +37,21 @@ def test_services_outlive_their_starter_and_cluster_down_stops_them(tmp_path):
 
 def _fake_fleettune(tmp_path):
     """A `fleettune` entry point as pip installs it (a script run by the venv's Python) that
-    only waits: what `ps` shows of `fleettune operator` started by hand."""
+    only waits: what `ps` shows of `fleettune operator` started by hand. It says `ready` once
+    its interpreter runs: before that, its command line may still be a launcher's."""
     script = tmp_path / "bin" / "fleettune"
     script.parent.mkdir(exist_ok=True)
-    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(120)\n")
+    script.write_text(f"#!{sys.executable}\nimport time\nprint('ready', flush=True)\ntime.sleep(120)\n")
     script.chmod(0o755)
     return script
+
+
+def _spawn(argv, env):
+    """Start a program in its own session; for the fake `fleettune`, wait until it runs."""
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
+    if any(Path(a).name == "fleettune" for a in argv[:2]):
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
 
 
 def _record(proc):
@@ -50,8 +61,6 @@ def _record(proc):
 
 
 def test_cluster_down_stops_an_operator_restarted_by_hand_and_nothing_else(tmp_path):
-    import subprocess
-
     cluster = LocalCluster(tmp_path / "state")
     cluster.state_dir.mkdir()
     fleettune = _fake_fleettune(tmp_path)
@@ -60,7 +69,7 @@ def test_cluster_down_stops_an_operator_restarted_by_hand_and_nothing_else(tmp_p
     started = []
 
     def spawn(argv, env):
-        started.append(subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL))
+        started.append(_spawn(argv, env))
         return _record(started[-1])
 
     try:
@@ -82,14 +91,11 @@ def test_cluster_down_stops_an_operator_restarted_by_hand_and_nothing_else(tmp_p
 
 
 def test_cluster_down_without_a_state_dir_still_stops_what_was_left(tmp_path, capsys):
-    import subprocess
-
     from fleettune_dev.cluster.cli import main
 
     state = tmp_path / "gone"
     fleettune = _fake_fleettune(tmp_path)
-    proc = subprocess.Popen([str(fleettune), "operator"], env={**os.environ, "KUBECONFIG": str(state / "kubeconfig")},
-                            start_new_session=True)
+    proc = _spawn([str(fleettune), "operator"], {**os.environ, "KUBECONFIG": str(state / "kubeconfig")})
     try:
         rec = _record(proc)
         assert main(["down", "--state-dir", str(state)]) == 0
