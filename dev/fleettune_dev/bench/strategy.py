@@ -14,55 +14,25 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fleettune_dev.bench.replay import (
+    FAILURE_OUTCOME,
+    Replay,
+    family,
+    fractions_of,
+    load_replay,
+    random_expectation,
+    restrict,
+)
 from fleettune_job.protocol import Outcome
 
 Answer = Callable[[dict], tuple[Outcome, float | None]]
 CHECKPOINTS = (20, 40, 60, 100, 150, 220)
-FAILURE_OUTCOME = {"compile": Outcome.COMPILE_ERROR, "runtime": Outcome.RUNTIME_ERROR, "invalid": Outcome.COMPILE_ERROR}
-
-
-@dataclass
-class Replay:
-    """A recorded space reduced to what a replay needs."""
-
-    name: str
-    space: Any
-    rows: np.ndarray  # (N, d) index rows of the cached configurations
-    time_ms: np.ndarray  # (N,) nan where the configuration failed
-    failure: list[str | None]
-    times: list[list[float]]
-    optimum: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.optimum = float(np.nanmin(self.time_ms))
-
-
-def family(name: str) -> str:
-    """A recording's kernel family: its name before the first '-' (``gemm-RTX_3090``: gemm)."""
-    return name.split("-", 1)[0]
-
-
-def load_replay(path: str | Path) -> Replay:
-    from fleettune_dev.interop import read_kernel_tuner_cache
-
-    rec = read_kernel_tuner_cache(path)
-    time_ms = np.array([np.nan if r.time_ms is None else float(r.time_ms) for r in rec.records])
-    return Replay(
-        name=Path(path).name,
-        space=rec.space,
-        rows=np.asarray(rec.rows, dtype=np.int32),
-        time_ms=time_ms,
-        failure=[r.failure for r in rec.records],
-        times=[list(r.times or []) for r in rec.records],
-    )
-
-
 @dataclass
 class RunTrace:
     best: np.ndarray  # (budget,) best valid time after each evaluation (inf before any)
@@ -186,13 +156,15 @@ def summarise(replay: Replay, strategy: str, traces: list[RunTrace], budget: int
         "evals_to_0.99": evals_to(0.99),
         "invalid_evals": float(np.mean([t.invalid for t in traces])),
         "ms_per_suggestion_median": float(statistics.median(ms)) if ms else 0.0,
+        "random": {str(c): float(v) for c, v in zip(marks, random_expectation(replay, budget)[[c - 1 for c in marks]],
+                                                     strict=True)},
         "_curve": frac.mean(axis=0).tolist(),
     }
 
 
 def fractions(replay: Replay, trace: RunTrace) -> np.ndarray:
     """Fraction of the optimum after each evaluation of one run (0 before any success)."""
-    return np.where(np.isfinite(trace.best), replay.optimum / trace.best, 0.0)
+    return fractions_of(replay, trace.best)
 
 
 def paired_by_family(
@@ -261,10 +233,24 @@ def format_table(results: list[dict[str, Any]]) -> str:
         cells += [f"{r['evals_to_0.95']:.0f}", f"{r['evals_to_0.99']:.0f}", f"{r['invalid_evals']:.1f}"]
         cells += [f"{r['ms_per_suggestion_median']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
+        if "random" in r:
+            lines.append(f"| | {RANDOM} | | " + " | ".join(_versus(r, m) for m in marks) + " | | | | |")
     if len(results) > 1:
         mean = [float(np.mean([r["fraction"][m] for r in results])) for m in marks]
         lines.append("| **mean** | | | " + " | ".join(f"{v:.3f}" for v in mean) + " | | | | |")
+        if all("random" in r for r in results):
+            mean = [float(np.mean([r["random"][m] for r in results])) for m in marks]
+            lines.append(f"| | {RANDOM} | | " + " | ".join(f"{v:.3f}" for v in mean) + " | | | | |")
     return "\n".join(lines)
+
+
+RANDOM = "uniform random (expected)"
+
+
+def _versus(result: dict[str, Any], mark: str) -> str:
+    """Random sampling's expected fraction, marked where the strategy's mean is below it."""
+    below = result["fraction"][mark] < result["random"][mark]
+    return f"{'**' if below else ''}{result['random'][mark]:.3f}{'** (ahead of the strategy)' if below else ''}"
 
 
 def save_plot(result: dict[str, Any], directory: Path) -> Path:
@@ -392,6 +378,9 @@ def latency_report(args: argparse.Namespace, loader: Callable[[str], Replay], op
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleettune bench strategy", description=__doc__)
     p.add_argument("--cache", action="append", default=[], help="Kernel Tuner cache file (repeatable)")
+    p.add_argument("--where", action="append", default=[],
+                   help="replay only the configurations with NAME=V1,V2 / NAME>=V / NAME<=V (repeatable): "
+                        "a subspace as a user's constraints would leave it, e.g. one where more of it fails")
     p.add_argument("--strategy", default="bayes")
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--first-seed", type=int, default=0)
@@ -525,6 +514,8 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
         print("give at least one --cache FILE", file=sys.stderr)
         return 2
     replays = [loader(path) for path in args.cache]
+    if args.where:
+        replays = [restrict(r, args.where) for r in replays]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     traces_path = Path(args.traces) if args.traces else None
     done = _load_traces(traces_path)
