@@ -11,7 +11,7 @@ fitted to the prior alone, shifted by their mean offset, plus a residual GP fitt
 this pool's data (the "residual" warm model).
 
 How much of the prior's shape the model uses is earned from this pool's own results
-(`PriorTrust`): the prior's prediction is scaled by a weight in [0, 1] that
+(`trust.PriorTrust`): the prior's prediction is scaled by a weight in [0, 1] that
 follows the rank correlation between what the prior predicts at this pool's measured
 points and what this pool measured there; once the weight falls low, the study stops
 measuring the prior's picks and completes a cold study's space-filling design instead
@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,6 +36,10 @@ from .design import feature_weights, maximin
 from .gp import PREDICT_CHUNK, Posterior, fit_hyper
 from .problem import Candidates, History
 from .stopping import improvements
+from .trust import PriorTrust
+
+# The trust rule of every warm study (frozen, so one instance serves all; `PriorTrust`).
+DEFAULT_TRUST = PriorTrust()
 
 # Below this weight (`PriorTrust`), a warm study stops measuring the prior's best
 # configurations and probes and lets the model choose.
@@ -69,58 +72,6 @@ def _none() -> np.ndarray:
     return np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True)
-class PriorTrust:
-    """How much a warm study's model leans on the prior, earned from the study's own
-    results (a prior from another GPU can be wrong, or the reverse of right).
-
-    `weight(prior, own)` takes, for this pool's observations in the order measured, the
-    prior's prediction (log time, or any monotone scale of it) and the measured log
-    times (+inf where the configuration failed here), and returns a weight in [0, 1]:
-    1 while fewer than ``min_points`` are measured (nothing to judge by yet); 0 when no
-    more than the fraction ``runs`` of them ran; 1 while fewer than ``min_points`` ran;
-    otherwise an optimistic bound on the Spearman rank correlation of the ones that ran,
-    ``rho`` plus ``slack`` standard errors (Fisher z, 1.03 / sqrt(n - 3)), divided by
-    ``agree`` and clipped. A prior that orders this pool's measurements the other way
-    loses its weight within a few points; one that agrees keeps it.
-
-    Optimistic, because the points a warm study measures first are the ones the prior
-    rates best: within so narrow a range of predictions even a prior that carries over
-    well (the recorded GEMM and convolution pairs) ranks them little better than by
-    chance, so a disagreement must be clear before it costs the prior its weight.
-    Deterministic, and cheap: one rank correlation of at most a few hundred points.
-    """
-
-    min_points: int = 5
-    agree: float = 0.3
-    slack: float = 1.0
-    runs: float = 0.25
-
-    def weight(self, prior: np.ndarray, own: np.ndarray) -> float:
-        prior, own = np.asarray(prior, dtype=np.float64), np.asarray(own, dtype=np.float64)
-        n = len(own)
-        if n < max(self.min_points, 4):
-            return 1.0
-        ran = np.isfinite(own)
-        if ran.mean() <= self.runs:
-            return 0.0  # most of what the prior pointed to fails here
-        # Failures stay out of the ranking: where a configuration fails says little about
-        # how fast it would be (the fastest often sit next to a resource limit).
-        prior, own = prior[ran], own[ran]
-        n = len(own)
-        if n < max(self.min_points, 4):
-            return 1.0
-        if np.ptp(prior) <= 0 or np.ptp(own) <= 0:
-            return 1.0  # ties everywhere: no ranking to disagree with
-        from scipy.stats import spearmanr  # as bayes._transform: scipy only where it is used
-
-        rho = float(spearmanr(prior, own)[0])
-        if not math.isfinite(rho):
-            return 1.0
-        z = math.atanh(min(max(rho, -0.999999), 0.999999)) + self.slack * 1.03 / math.sqrt(n - 3)
-        return float(min(1.0, max(0.0, math.tanh(z) / self.agree)))
-
-
 class WarmStart:
     """The prior-data part of a `BayesOpt`: the prior's own GP (fitted once: the prior
     does not change), the first suggestions of a warm study, how much the model weighs
@@ -143,7 +94,7 @@ class WarmStart:
         gain: float,
         fit_iter: int,
         plateau: float = 0.0,
-        trust: PriorTrust | None = PriorTrust(),
+        trust: PriorTrust | None = DEFAULT_TRUST,
     ) -> None:
         self.candidates = candidates
         self._features = features

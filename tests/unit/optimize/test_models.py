@@ -13,10 +13,10 @@ import torch
 
 from conftest import hidden_infeasible
 from fleettune.optimize.acquisition import Believers, log_ei
-from fleettune.optimize.bayes import checkpoints
 from fleettune.optimize.design import maximin
 from fleettune.optimize.feasibility import FeasibilityModel, fit_feasibility
 from fleettune.optimize.features import FeatureMap, alignment, model_features, odd_part
+from fleettune.optimize.fitchain import checkpoints
 from fleettune.optimize.gp import Hyper, Posterior, fit_hyper
 from fleettune.space import SearchSpace
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import evaluate, feed, hidden_infeasible, objective, run
-from fleettune.optimize import STRATEGIES, Study, bayes, split_settings, stop_reason
+from fleettune.optimize import STRATEGIES, Study, bayes, split_settings, stop_reason, surrogate
 from fleettune.optimize.stopping import improvements
 from fleettune.space import SearchSpace
 from fleettune_job.protocol import Outcome
@@ -258,13 +258,13 @@ def test_every_third_model_pick_ranks_by_a_model_of_the_ranks(space, monkeypatch
     objective as normal scores of its ranks, the others on the log scale; so does a
     batch, pick by pick. Off with 0, and while a prior leads."""
     used: list[str] = []
-    model = bayes.BayesOpt._model
+    model = surrogate.Surrogate.model
 
     def spy(self, history, lengthscale=None, transform=None):
         used.append(transform or "log")
         return model(self, history, lengthscale, transform)
 
-    monkeypatch.setattr(bayes.BayesOpt, "_model", spy)
+    monkeypatch.setattr(surrogate.Surrogate, "model", spy)
 
     def transforms(study, n: int = 1, pending=()) -> list[str]:
         used.clear()
@@ -535,16 +535,16 @@ def slow_time(c: dict) -> float:
 
 
 def slow_models(monkeypatch) -> list:
-    """The (strategy, models) of every suggestion from now on."""
+    """The (surrogate, models) of every suggestion from now on."""
     seen: list = []
-    model = bayes.BayesOpt._model
+    model = surrogate.Surrogate.model
 
     def spy(self, history, lengthscale=None, transform=None):
         out = model(self, history, lengthscale, transform)
         seen.append((self, out))
         return out
 
-    monkeypatch.setattr(bayes.BayesOpt, "_model", spy)
+    monkeypatch.setattr(surrogate.Surrogate, "model", spy)
     return seen
 
 
@@ -562,14 +562,14 @@ def test_a_slow_regime_gets_a_classifier_of_its_own(monkeypatch):
             (c,) = study.suggest(1)
             study.observe(c, Outcome.OK, slow_time(c))
         study.suggest(1)
-        strategy, models = seen[-1]
+        models_of, models = seen[-1]
         if ratio == 0.0:
             assert all(m.slow is None for _, m in seen)
             continue
         assert models.slow is not None
         configs = space.to_configs(study.candidates.rows)
         idx = np.setdiff1d(np.arange(len(configs)), study.history.cand)  # not measured
-        p = models.slow.prob(torch.as_tensor(strategy._slow_inputs(idx))).numpy()
+        p = models.slow.prob(torch.as_tensor(models_of.slow.inputs(idx))).numpy()
         slow = np.array([slow_time(configs[i]) > 20.0 for i in idx])
         assert slow.any() and (~slow).any()
         assert p[slow].mean() < 0.5 < p[~slow].mean()
@@ -605,7 +605,7 @@ def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
     the data always), None when it fitted none."""
     import time
 
-    import fleettune.optimize.bayes as bayes
+    import fleettune.optimize.surrogate as surrogate
 
     fits = []
 
@@ -614,8 +614,8 @@ def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
         time.sleep(0.05)
         return fit(*args, **kwargs)
 
-    fit = bayes.fit_hyper
-    monkeypatch.setattr(bayes, "fit_hyper", slow_fit)
+    fit = surrogate.fit_hyper
+    monkeypatch.setattr(surrogate, "fit_hyper", slow_fit)
     study = Study(space, seed=0, options={"initial": 4}, tuning=FAST)
     seen = []
     for _ in range(14):

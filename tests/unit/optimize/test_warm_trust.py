@@ -11,7 +11,8 @@ import pytest
 
 from conftest import hidden_infeasible, objective, run
 from fleettune.optimize import Study
-from fleettune.optimize.warm import CONTRAST, DESIGN, PLATEAU_DESIGN, SKIP_SEEDS_BELOW, PriorTrust
+from fleettune.optimize.trust import PriorTrust
+from fleettune.optimize.warm import CONTRAST, DESIGN, PLATEAU_DESIGN, SKIP_SEEDS_BELOW
 from fleettune_job.protocol import Outcome
 
 FAST = {"fit_iter": 30}  # tuning knobs (the development hook): fewer L-BFGS iterations
@@ -262,8 +263,8 @@ def test_every_other_pick_after_the_prior_first_is_a_cold_studys(space) -> None:
     assert study(12).suggest(1) != study(12, with_prior=False).suggest(1)
     assert study(13, prior_hedge=0).suggest(1) != study(13, with_prior=False).suggest(1)
     # In a batch, the picks at odd counts are the cold study's: two of four here.
-    assert study(12).strategy._hedged(12, 4) == 2
-    assert study(12, prior_hedge=3).strategy._hedged(12, 4) == 1  # own evaluation 14
+    assert study(12).strategy.schedule.model_picks(4, 12, prior=True).cold == 2
+    assert study(12, prior_hedge=3).strategy.schedule.model_picks(4, 12, prior=True).cold == 1  # own evaluation 14
 
 
 def test_the_hedged_picks_can_model_with_the_prior_length_scales(space) -> None:
@@ -297,7 +298,7 @@ def test_the_hedged_picks_can_model_with_the_prior_length_scales(space) -> None:
     cold = study(with_prior=False)
     off = study(prior_lengthscales=False).suggest(1)
     assert off == cold.suggest(1)
-    own_ls = cold.strategy._model(cold.history).gp.hyper.lengthscale
+    own_ls = cold.strategy.surrogate.model(cold.history).gp.hyper.lengthscale
     assert not np.allclose(own_ls, prior_ls), "the test needs a prior whose length-scales differ from the pool's"
     assert pick != off
 
