@@ -14,7 +14,7 @@ import copy
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleettune import GROUP, KIND, VERSION
@@ -141,26 +141,33 @@ def queue_of(spec: TuningRunSpec, target: TargetSpec, policy: TrialPolicy) -> Qu
     return QueueSpec(name=policy.default_queue) if policy.default_queue else None
 
 
-def suspended(job: dict[str, Any]) -> bool:
+def suspended(job: Mapping[str, Any]) -> bool:
     """Whether a trial Job is held by its queue: created suspended and not admitted yet, or
     suspended again (Kueue preempted it). Its configurations are waiting, not failing."""
     return bool((job.get("spec") or {}).get("suspend"))
 
 
-def past_deadline_s(job: dict[str, Any], wall: float) -> float | None:
-    """How many seconds past its `activeDeadlineSeconds` a trial Job is at `wall` (epoch
-    seconds; negative: before it); None with no deadline, or while a queue holds it. The
-    deadline counts from the Job's start (reset when a queue admits it again), or from its
-    creation while the Job controller has not started it."""
+def deadline_at(job: Mapping[str, Any]) -> float | None:
+    """When (epoch seconds) a trial Job reaches its `activeDeadlineSeconds`; None with no
+    deadline, or while a queue holds it. The deadline counts from the Job's start (reset
+    when a queue admits it again), or from its creation while the Job controller has not
+    started it."""
     deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
     if suspended(job) or deadline is None:
         return None
     started = (job.get("status") or {}).get("startTime") or (job.get("metadata") or {}).get("creationTimestamp")
     start = parse_time(started)
-    return None if start is None else wall - (start + deadline)
+    return None if start is None else start + deadline
 
 
-def suspended_since(job: dict[str, Any]) -> str | None:
+def past_deadline_s(job: Mapping[str, Any], wall: float) -> float | None:
+    """How many seconds past its deadline (`deadline_at`) a trial Job is at `wall` (epoch
+    seconds; negative: before it); None with no deadline, or while a queue holds it."""
+    at = deadline_at(job)
+    return None if at is None else wall - at
+
+
+def suspended_since(job: Mapping[str, Any]) -> str | None:
     """When a suspended Job last started waiting (RFC 3339): its Suspended condition's
     transition, else its creation (Kueue's webhook suspends it as it is created)."""
     for cond in (job.get("status") or {}).get("conditions") or []:
@@ -349,7 +356,7 @@ def render_job(
     }
 
 
-def work_of(job: dict[str, Any]) -> Batch:
+def work_of(job: Mapping[str, Any]) -> Batch:
     """What a rendered Job measures, read back from its environment."""
     env = job["spec"]["template"]["spec"]["containers"][0].get("env") or []
     return _parsed_work(next(e["value"] for e in env if e["name"] == TRIAL_ENV))
@@ -370,12 +377,12 @@ def _parse_work(text: str) -> Batch:
 _parsed_work = functools.lru_cache(maxsize=8192)(_parse_work)
 
 
-def entries_of(job: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+def entries_of(job: Mapping[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     """(index, configuration) of each trial a Job measures."""
     return [(e.index, e.config) for e in work_of(job).entries]
 
 
-def from_earlier_version(job: dict[str, Any]) -> bool:
+def from_earlier_version(job: Mapping[str, Any]) -> bool:
     """Whether a trial Job is a one-configuration Job of an operator before every Job was a
     batch (no `BATCH_LABEL`): its protocol is no longer read. Still running after an
     upgrade, or ended and not recorded, it is deleted and its configuration measured again

@@ -384,8 +384,21 @@ class TrialTimings:
 
 
 def trial_timings(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> TrialTimings:
-    """Run time, wait for admission and wait for a node of a finished trial, from its Job and
-    Pods (pure).
+    """`pod_timings` of a finished trial's Job and Pods (pure)."""
+    return pod_timings(*job_times(job), pods)
+
+
+def job_times(job: Mapping[str, Any]) -> tuple[datetime | None, datetime | None]:
+    """A trial Job's creation and last admission (Suspended turning False), for `pod_timings`."""
+    created = _ts((job.get("metadata") or {}).get("creationTimestamp"))
+    return created, max((when for c in (job.get("status") or {}).get("conditions") or []
+                         if c.get("type") == "Suspended" and c.get("status") == "False"
+                         and (when := _ts(c.get("lastTransitionTime")))), default=None)
+
+
+def pod_timings(created: datetime | None, admitted: datetime | None, pods: Iterable[Mapping[str, Any]]) -> TrialTimings:
+    """Run time, wait for admission and wait for a node of a finished trial, from its Job's
+    creation and last admission (`job_times`) and its Pods (pure).
 
     Duration: the trial container's startedAt -> finishedAt in the last Pod that ran it.
     Admission wait (a Job of a Kueue queue): Job creation -> its last admission (the Job's
@@ -394,10 +407,6 @@ def trial_timings(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> 
     node was found); includes the Job controller's Pod creation, which is small next to a
     busy pool. Each is None when the objects do not say (e.g. a Pod that never started).
     """
-    created = _ts((job.get("metadata") or {}).get("creationTimestamp"))
-    admitted = max((when for c in (job.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "Suspended" and c.get("status") == "False"
-                    and (when := _ts(c.get("lastTransitionTime")))), default=None)
     scheduled: list[datetime] = []
     runs: list[tuple[datetime, datetime]] = []
     for pod in pods:

@@ -1,4 +1,10 @@
-"""Turn a finished trial Job (and its Pods) into its records (pure: works on dicts).
+"""Turn a finished trial Job (and its Pods) into its records (pure).
+
+The functions here decode the API's dicts: a Job's conditions and annotations, its Pods'
+terminated states. The operator calls them once per Job and step, when the shell reads it
+(`fleettune.controller.observed.parse_job`), and builds the records from what that
+decoded (`batch_records`, `answered_records`); `records_from_job` does both for one Job's
+dict.
 
 Every trial Job is a batch (`fleettune.jobs`): the verdicts come from its Pods'
 termination messages, one answer per configuration. What an answer says decides what the
@@ -95,31 +101,31 @@ class Records(Sequence[TrialRecord]):
         return iter(self._all)
 
 
-def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+def _condition(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") == kind and cond.get("status") == "True":
             return cond
     return None
 
 
-def job_finished(job: dict[str, Any]) -> bool:
+def job_finished(job: Mapping[str, Any]) -> bool:
     return _condition(job, "Complete") is not None or _condition(job, "Failed") is not None
 
 
-def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+def _terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == CONTAINER_NAME:
             return (status.get("state") or {}).get("terminated")
     return None
 
 
-def disrupted(pod: dict[str, Any]) -> bool:
+def disrupted(pod: Mapping[str, Any]) -> bool:
     """Whether a Pod was disrupted (preempted, evicted, drained, its node lost): its Job's pod
     failure policy ignores that end and starts another Pod (`jobs.render_job`)."""
     return _condition(pod, "DisruptionTarget") is not None
 
 
-def decisive_end(pod: dict[str, Any]) -> bool:
+def decisive_end(pod: Mapping[str, Any]) -> bool:
     """Whether a trial Pod's end already decides its Job's verdict, before the Job controller
     says so (it batches Pod updates for a second and takes two syncs to mark a Job Complete).
 
@@ -133,15 +139,10 @@ def decisive_end(pod: dict[str, Any]) -> bool:
     return not disrupted(pod)
 
 
-def _last_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    ended = [p for p in pods if _terminated(p) is not None]
-    return max(ended, key=_finished_at) if ended else None
-
-
-def _record(job: dict[str, Any], index: int, config: dict[str, Any], key: str, result: TrialResult,
-            pod: dict[str, Any] | None, pool_round: int, problem_size: list[int] | None) -> TrialRecord:
+def _record(target: str, job: str, index: int, config: dict[str, Any], key: str, result: TrialResult,
+            pod: Mapping[str, Any] | None, pool_round: int, problem_size: list[int] | None) -> TrialRecord:
     return TrialRecord(
-        target=job["metadata"]["labels"][TARGET_LABEL],
+        target=target,
         index=index,
         config=config,
         key=key,
@@ -151,7 +152,7 @@ def _record(job: dict[str, Any], index: int, config: dict[str, Any], key: str, r
         fingerprint=result.fingerprint if result.fingerprint.product else None,
         error=result.error[:500],
         node=(pod or {}).get("spec", {}).get("nodeName"),
-        job=job["metadata"]["name"],
+        job=job,
         round=pool_round,
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         problem_size=problem_size,
@@ -161,9 +162,14 @@ def _record(job: dict[str, Any], index: int, config: dict[str, Any], key: str, r
     )
 
 
-def _finished_at(pod: dict[str, Any]) -> str:
-    term = _terminated(pod) or {}
+def _finished_at(pod: Mapping[str, Any], term: Mapping[str, Any]) -> str:
     return term.get("finishedAt") or pod["metadata"].get("creationTimestamp") or ""
+
+
+def job_failure(job: Mapping[str, Any]) -> str | None:
+    """Why the Job controller failed a Job, as its records say it; None when it did not."""
+    failed = _condition(job, "Failed")
+    return None if failed is None else f"job failed ({failed.get('reason')}: {failed.get('message', '')})"
 
 
 def records_from_job(
@@ -171,7 +177,23 @@ def records_from_job(
     problem_size: list[int] | None = None, answered_only: bool = False,
     streamed: Mapping[int, Answer] | None = None,
 ) -> list[TrialRecord]:
-    """One record per entry of a finished trial Job (or one whose Pod's end decides it).
+    """`batch_records` of a Job's dict (the operator reads its Jobs once, into
+    `fleettune.controller.observed.ObservedJob`, and calls `batch_records` itself)."""
+    return batch_records(
+        target=job["metadata"]["labels"][TARGET_LABEL], job=job["metadata"]["name"],
+        keys=config_keys(job, len(batch.entries)), failure=job_failure(job), batch=batch, pods=pods,
+        pool_round=pool_round, problem_size=problem_size, answered_only=answered_only, streamed=streamed,
+    )
+
+
+def batch_records(
+    *, target: str, job: str, keys: Sequence[str], failure: str | None, batch: Batch,
+    pods: Sequence[Mapping[str, Any]], pool_round: int, problem_size: list[int] | None = None,
+    answered_only: bool = False, streamed: Mapping[int, Answer] | None = None,
+) -> list[TrialRecord]:
+    """One record per entry of a finished trial Job (or one whose Pod's end decides it):
+    Job ``job`` of pool ``target``, its entries' configuration keys ``keys`` (`config_keys`)
+    and why the Job controller failed it, if it did (``failure``: `job_failure`).
 
     Answers are read from every Pod that ended, oldest first: a Pod that died mid-batch
     still wrote the answers it finished, and the first answer of an entry wins (a second
@@ -184,12 +206,13 @@ def records_from_job(
     record at all. Its error says why, in the Pods' words; in the Job's only where no Pod
     said anything, so that a record taken from a decisive Pod's end reads as one taken
     later from the failed Job."""
-    keys = _config_keys(job, len(batch.entries))
     by_index = {e.index: e for e in batch.entries}
-    answered: dict[int, tuple[TrialResult, dict[str, Any] | None]] = {}
+    answered: dict[int, tuple[TrialResult, Mapping[str, Any] | None]] = {}
     why: list[str] = []
-    for pod in sorted((p for p in pods if _terminated(p) is not None), key=_finished_at):
-        term = _terminated(pod) or {}
+    # Each Pod's end, decoded once: (Pod, its trial container's terminated state), oldest first.
+    ended = sorted(((pod, term) for pod in pods if (term := _terminated(pod)) is not None),
+                   key=lambda end: _finished_at(*end))
+    for pod, term in ended:
         try:
             message = decode_batch(term.get("message"))
         except ProtocolError as exc:
@@ -200,13 +223,13 @@ def records_from_job(
         for answer in message.answers:
             if answer.i in by_index and answer.i not in answered:
                 answered[answer.i] = (answer.result(message.fingerprint), pod)
-    last = _last_pod(pods)
+    # The Pod that ended last (the first of equals, in the order the Pods were listed).
+    last = max(ended, key=lambda end: _finished_at(*end))[0] if ended else None
     for index, answer in (streamed or {}).items():
         if index in by_index and index not in answered:
             answered[index] = (answer.result(Fingerprint()), last)
-    failed = _condition(job, "Failed")
-    if failed is not None and not why:
-        why.append(f"job failed ({failed.get('reason')}: {failed.get('message', '')})")
+    if failure is not None and not why:
+        why.append(failure)
     if not pods:
         why.append("no trial pod is left to read results from")
     missing = infra_failure("not measured: the batch ended before this configuration"
@@ -216,22 +239,23 @@ def records_from_job(
         if answered_only and entry.index not in answered:
             continue
         result, by = answered.get(entry.index, (missing, last))
-        out.append(_record(job, entry.index, entry.config, keys[n], result, by, pool_round, problem_size))
+        out.append(_record(target, job, entry.index, entry.config, keys[n], result, by, pool_round, problem_size))
     return out
 
 
-def early_records(job: dict[str, Any], batch: Batch, answers: Mapping[int, Answer], pool_round: int,
-                  problem_size: list[int] | None = None) -> list[TrialRecord]:
+def answered_records(*, target: str, job: str, keys: Sequence[str], batch: Batch, answers: Mapping[int, Answer],
+                     pool_round: int, problem_size: list[int] | None = None) -> list[TrialRecord]:
     """The records of a running trial Job's entries already answered in its Pod's log:
     provisional (the study learns from them, the status and the published best show them)
     until the Pod's termination message brings the same answers to the store."""
-    keys = _config_keys(job, len(batch.entries))
-    return [_record(job, entry.index, entry.config, keys[n], answers[entry.index].result(Fingerprint()), None,
-                    pool_round, problem_size)
+    return [_record(target, job, entry.index, entry.config, keys[n], answers[entry.index].result(Fingerprint()),
+                    None, pool_round, problem_size)
             for n, entry in enumerate(batch.entries) if entry.index in answers]
 
 
-def _config_keys(job: dict[str, Any], n: int) -> list[str]:
+def config_keys(job: Mapping[str, Any], n: int) -> list[str]:
+    """The configuration key of each of a Job's ``n`` entries (its annotation); "" each
+    where the annotation is missing or does not fit."""
     try:
         keys = json.loads(job["metadata"].get("annotations", {}).get(CONFIG_KEYS_ANNOTATION, "[]"))
     except ValueError:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleettune.api import TuningRunStatus
+from fleettune.controller.observed import parse_job, seen
 from fleettune.controller.plan import Observed, Plan, RecordKey, pods_needed
 from fleettune.controller.planner import Planner
 from fleettune.controller.reporting import Report
@@ -201,13 +202,14 @@ class FakeFleet:
                     node["status"] = {"allocatable": {"cpu": "8", "nvidia.com/gpu": str(self.gpus_per_node)}}
             planner.accept_nodes(nodes, self.node_epoch, self.mono)
         self.start_pods()
-        jobs = [copy.deepcopy({k: v for k, v in j.items() if k != "pods"}) for j in self.jobs.values()]
+        # Read as the shell reads them: each Job parsed once, then its Pods and answers added.
+        jobs = [parse_job(copy.deepcopy({k: v for k, v in j.items() if k != "pods"})) for j in self.jobs.values()]
         ended = {name: pod for name, pod in self.ended.items() if name in self.jobs}
         needed = pods_needed(jobs, ended, self.store)
-        pods = {j["metadata"]["name"]: self.jobs[j["metadata"]["name"]]["pods"] for j in needed}
+        pods = {j.name: self.jobs[j.name]["pods"] for j in needed}
         streamed = {name: dict(answers) for name, answers in self.streamed.items() if name in self.jobs}
-        plan = planner.plan(Observed(wall=self.wall, mono=self.mono, jobs=jobs, records=self.store.records,
-                                     stored=self.store, pods=pods, ended=ended, answers=streamed))
+        plan = planner.plan(Observed(wall=self.wall, mono=self.mono, jobs=seen(jobs, ended, pods, streamed),
+                                     records=self.store.records, stored=self.store))
         self.store.append(plan.records)
         for name in plan.delete_now + plan.delete_after:
             self.deleted.append(name)

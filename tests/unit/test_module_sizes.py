@@ -15,9 +15,6 @@ MAX_LINES = 450
 # under the limit must leave it (`test_known_exceptions_are_still_over`), and no other may
 # join it.
 KNOWN_OVER = {
-    "operator/fleettune/controller/planner.py",  # the pure planner; its batch sizing left for `batches`
-    "operator/fleettune/optimize/bayes.py",
-    "operator/fleettune/optimize/warm.py",
     "job_image/fleettune_job/runner.py",
     "dev/fleettune_dev/bench/strategy.py",
     "dev/fleettune_dev/bench/warmstart.py",

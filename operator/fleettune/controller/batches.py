@@ -9,11 +9,10 @@ this module applies them to a pool's spec, records and running Jobs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fleettune.api import BudgetSpec
 from fleettune.controller.fleet import PENDING_WITHOUT_NODES, capacity_note
-from fleettune.jobs import suspended
+from fleettune.controller.observed import ObservedJob
 from fleettune.optimize.batching import batch_size, queue_slots, slow_start
 from fleettune.results import TrialRecord
 
@@ -32,13 +31,13 @@ def pods_at_once(parallelism: int, capacity: tuple[int, int] | None, gpus_per_po
     return parallelism, None
 
 
-def free_slots(at_once: int, running: Sequence[dict[str, Any]], nodes_missing: bool, queued: bool) -> int:
+def free_slots(at_once: int, running: Sequence[ObservedJob], nodes_missing: bool, queued: bool) -> int:
     """The new trial Pods a pool may start now (<= 0: none): ``at_once`` less its ``running``
     Jobs; PENDING_WITHOUT_NODES while it waits for nodes; through a Kueue queue
     (``queued``), as `queue_slots` allows for the Jobs admitted and waiting."""
     slots = (PENDING_WITHOUT_NODES if nodes_missing else at_once) - len(running)
     if queued:
-        waiting = sum(map(suspended, running))
+        waiting = sum(job.suspended for job in running)
         slots = queue_slots(slots, len(running) - waiting, waiting)
     return slots
 

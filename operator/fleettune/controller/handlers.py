@@ -28,7 +28,7 @@ from fleettune import GROUP, PLURAL, VERSION
 from fleettune.admission import TrialPolicy
 from fleettune.controller.kube import Kube, load_workers
 from fleettune.controller.logfollow import follow_answers_from_env
-from fleettune.controller.plan import job_gist
+from fleettune.controller.observed import job_gist
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S
 from fleettune.controller.tuner import RunLoop
 from fleettune.controller.watch import EndedPods, StreamedAnswers, WatchCache, answers_in_log, owning_job_uid

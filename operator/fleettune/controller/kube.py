@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from fleettune import GROUP, PLURAL, VERSION
 from fleettune.controller.deleter import BackgroundDeleter
 from fleettune.controller.logfollow import LogFollowers
+from fleettune.controller.observed import JobBody, NodeBody, PodBody
 from fleettune.controller.watch import (
     EndedPods,
     StreamedAnswers,
@@ -121,7 +122,7 @@ class Kube:
         self.remote_pods = EndedPods(key=job_name_of)  # the workers' trial Pods, by Job name
         self._watched: set[str] = set()  # namespaces whose trial Pods are watched in every worker
         self._watch_lock = threading.Lock()
-        self._worker_nodes: tuple[float, list[dict[str, Any]]] | None = None  # (monotonic time, nodes)
+        self._worker_nodes: tuple[float, list[NodeBody]] | None = None  # (monotonic time, nodes)
         self.job_cache = job_cache
         self.node_cache = node_cache
         self.ended_pods = ended_pods
@@ -150,7 +151,7 @@ class Kube:
     def _items(resp: Any) -> list[dict[str, Any]]:
         return list(raw_json(resp)["items"])
 
-    def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def list_jobs(self, namespace: str, selector: str) -> list[JobBody]:
         """The Jobs matching ``selector``: from the watch-fed cache when it is fresh, else a real list.
 
         The bodies may be shared with the cache: do not modify them.
@@ -158,7 +159,7 @@ class Kube:
         return _cached_list(self.job_cache, namespace, selector, lambda: self.batch.list_namespaced_job(
             namespace, label_selector=selector, _preload_content=False))
 
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def list_pods(self, namespace: str, selector: str) -> list[PodBody]:
         """Pods matching ``selector``.
 
         For the Pods of one Job we have cached (``batch.kubernetes.io/job-name=NAME``), the
@@ -179,7 +180,7 @@ class Kube:
             self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         )
 
-    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+    def job_pods(self, namespace: str, job: str) -> list[PodBody]:
         """The Pods of trial Job ``job``: in this cluster, else in the worker cluster that
         MultiKueue dispatched it to (the same name and namespace there): its ended Pod as the
         worker watch kept it (`watch_workers`), or as listed there now."""
@@ -198,19 +199,19 @@ class Kube:
                             bounded(str(exc), 300))
         return pods
 
-    def list_fleet_nodes(self) -> list[dict[str, Any]]:
+    def list_fleet_nodes(self) -> list[NodeBody]:
         """This cluster's nodes and the worker clusters' (named ``WORKER/NODE``), whose pools a
         run tunes through MultiKueue; a worker that does not answer is left out and logged.
         The workers' nodes are listed at most every WORKER_NODES_MAX_AGE_S for all runs
         together (no watch there). The bodies may be shared: do not modify them."""
         return [*self.list_nodes(""), *self._list_worker_nodes()]
 
-    def _list_worker_nodes(self) -> list[dict[str, Any]]:
+    def _list_worker_nodes(self) -> list[NodeBody]:
         cached = self._worker_nodes
         if not self.workers or (cached is not None and time.monotonic() - cached[0] < self.WORKER_NODES_MAX_AGE_S):
             return cached[1] if cached is not None else []
         started = time.monotonic()
-        nodes: list[dict[str, Any]] = []
+        nodes: list[NodeBody] = []
         for name, api in self.workers.items():
             try:
                 remote = self._items(client.CoreV1Api(api).list_node(_preload_content=False))
@@ -223,7 +224,7 @@ class Kube:
         self._worker_nodes = (started, nodes)
         return nodes
 
-    def ended_pod(self, namespace: str, job: Mapping[str, Any]) -> dict[str, Any] | None:
+    def ended_pod(self, namespace: str, job: Mapping[str, Any]) -> PodBody | None:
         """The Pod of ``job`` whose end decides it, if a Pod watch (this cluster's, or a
         worker's for a Job MultiKueue dispatched) has shown one."""
         meta = job.get("metadata") or {}
@@ -270,7 +271,7 @@ class Kube:
         rv = (job or {}).get("metadata", {}).get("resourceVersion")
         return rv if isinstance(rv, str) and rv.isdigit() else None
 
-    def list_nodes(self, selector: str) -> list[dict[str, Any]]:
+    def list_nodes(self, selector: str) -> list[NodeBody]:
         """The nodes matching ``selector``: from the watch-fed cache when it is fresh, else a real list.
 
         The bodies may be shared with the cache: do not modify them.
@@ -278,7 +279,7 @@ class Kube:
         return _cached_list(self.node_cache, "", selector, lambda: self.core.list_node(
             label_selector=selector, _preload_content=False))
 
-    def create_job(self, namespace: str, body: dict[str, Any]) -> bool:
+    def create_job(self, namespace: str, body: JobBody) -> bool:
         """Create a Job; False if it already exists (a restarted operator adopting its work)."""
         try:
             resp = self.batch.create_namespaced_job(namespace, manifest(body), _preload_content=False)

@@ -1,5 +1,6 @@
 """One step's input and output: what the shell read (`Observed`), what the planner decided
-(`Plan`), and what the run's trial Jobs say (pure).
+(`Plan`), and what the run's trial Jobs say (pure). The Jobs come decoded
+(`fleettune.controller.observed.ObservedJob`): nothing here reads a Job's dict.
 
 A Job is decided when the Job controller marks it Complete or Failed, or earlier, when the
 watch saw its Pod end decisively (`results.decisive_end`): the record is taken then, so
@@ -29,27 +30,13 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleettune.controller.observed import JobBody, ObservedJob, RecordKey
 from fleettune.controller.reporting import Report
-from fleettune.jobs import STALL_GRACE_S, entries_of, from_earlier_version, past_deadline_s, suspended, work_of
-from fleettune.labels import ROUND_LABEL, TARGET_LABEL, TRIAL_LABEL
-from fleettune.metrics import TrialTimings, trial_timings
-from fleettune.results import TrialRecord, early_records, job_finished, records_from_job
-from fleettune.sizes import size_of_key
-from fleettune_job.protocol import Answer, Batch
+from fleettune.jobs import STALL_GRACE_S
+from fleettune.metrics import TrialTimings
+from fleettune.results import TrialRecord
 
-Job = dict[str, Any]
-RecordKey = tuple[int, str, int]  # (round, pool key, trial index): what the store is keyed by
-
-
-
-
-def round_of(job: Job) -> int:
-    return int(job["metadata"].get("labels", {}).get(ROUND_LABEL, "1"))
-
-
-def job_labels(job: Job) -> tuple[str, int]:
-    labels = job["metadata"].get("labels", {})
-    return labels.get(TARGET_LABEL, ""), int(labels.get(TRIAL_LABEL, "-1"))
+__all__ = ["Observed", "Plan", "RecordKey", "Suggested", "collect", "pods_needed"]
 
 
 @dataclass(frozen=True)
@@ -58,13 +45,11 @@ class Observed:
 
     wall: float  # epoch seconds: deadlines count from a round's start, which the status keeps
     mono: float  # monotonic seconds: rate limits and re-checks
-    jobs: Sequence[Job]  # the run's trial Jobs
+    # The run's trial Jobs, each with its Pods (`pods_needed`, or the one whose end decides
+    # it) and the answers its running Pod printed so far.
+    jobs: Sequence[ObservedJob]
     records: Sequence[TrialRecord]  # the results store's records
     stored: Container[RecordKey]  # the store's keys
-    ended: Mapping[str, Job] = field(default_factory=dict)  # Job name -> its Pod whose end decides it
-    pods: Mapping[str, list[Job]] = field(default_factory=dict)  # Job name -> Pods, for `pods_needed`
-    # Job name -> the answers its running Pod printed so far (`watch.StreamedAnswers`).
-    answers: Mapping[str, Mapping[int, Answer]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -83,7 +68,7 @@ class Plan:
     records: list[TrialRecord] = field(default_factory=list)
     timings: dict[str, TrialTimings] = field(default_factory=dict)  # by Job name: its Pod's
     delete_now: list[str] = field(default_factory=list)
-    create: list[Job] = field(default_factory=list)
+    create: list[JobBody] = field(default_factory=list)  # rendered for the API (`jobs.render_job`)
     delete_after: list[str] = field(default_factory=list)
     suggested: list[Suggested] = field(default_factory=list)
     report: Report | None = None
@@ -101,10 +86,10 @@ class Plan:
     # from and reported, not stored (the termination message brings them to the store).
     early: list[TrialRecord] = field(default_factory=list)
 
-    def hand_back(self, target: str, job: Job, answered: Container[int]) -> int:
+    def hand_back(self, job: ObservedJob, answered: Container[int]) -> int:
         """Into `requeue`: the entries of deleted Job `job` that its Pod did not answer; how many."""
-        back = [(i, c) for i, c in entries_of(job) if i not in answered]
-        self.requeue.setdefault(target, []).extend(back)
+        back = [(i, c) for i, c in job.entries if i not in answered]
+        self.requeue.setdefault(job.target, []).extend(back)
         return len(back)
 
     @property
@@ -112,97 +97,66 @@ class Plan:
         return self.report is not None and self.report.finished and not self.settling
 
 
-def job_gist(job: Job) -> tuple[bool, bool]:
-    """What in a Job a run's step acts on (`collect`): whether it finished, and whether its
-    queue holds it. A Job's other updates (its Pod active, ready, counted) wake no step."""
-    return job_finished(job), suspended(job)
+def pods_needed(jobs: Sequence[ObservedJob], ended: Container[str], stored: Container[RecordKey]) -> list[ObservedJob]:
+    """The finished Jobs whose Pods must be read to record them (no decisive Pod seen:
+    ``ended`` names the Jobs with one)."""
+    return [job for job in jobs if job.finished and job.name not in ended and not job.recorded(stored)]
 
 
-def recorded(job: Job, stored: Container[RecordKey]) -> bool:
-    """Whether every trial of the Job is in the store (a batch's records are stored together;
-    checking each also covers a crash between two writes)."""
-    target, _ = job_labels(job)
-    return all((round_of(job), target, index) in stored for index, _ in entries_of(job))
-
-
-def pods_needed(jobs: Sequence[Job], ended: Mapping[str, Job], stored: Container[RecordKey]) -> list[Job]:
-    """The finished Jobs whose Pods must be read to record them (no decisive Pod seen)."""
-    return [job for job in jobs
-            if job_finished(job) and job["metadata"]["name"] not in ended and not recorded(job, stored)]
-
-
-def _size(target: str, work: Batch) -> list[int] | None:
-    """The problem size to record: the work's, when the pool is one of several sizes."""
-    return work.problem_size if size_of_key(target) is not None else None
-
-
-def _stalled(job: Job, target: str, late_s: float, obs: Observed, plan: Plan) -> None:
+def _stalled(job: ObservedJob, late_s: float, obs: Observed, plan: Plan) -> None:
     """Into `plan`: delete a stalled Job (`jobs.STALL_GRACE_S`), keep what its Pod answered in
     its log, and hand its other configurations back to the pool."""
-    name = job["metadata"]["name"]
-    work = work_of(job)
-    kept: list[TrialRecord] = []
-    if answers := obs.answers.get(name):
-        kept = early_records(job, work, answers, round_of(job), _size(target, work))
+    kept = job.early
     plan.records += [r for r in kept if (r.round, r.target, r.index) not in obs.stored]
     answered = {r.index for r in kept}
-    back = plan.hand_back(target, job, answered)
-    plan.delete_now.append(name)
-    plan.stalled.append((name, target, late_s, len(answered), back))
+    back = plan.hand_back(job, answered)
+    plan.delete_now.append(job.name)
+    plan.stalled.append((job.name, job.target, late_s, len(answered), back))
 
 
-def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[Job]]:
+def collect(obs: Observed, plan: Plan, rounds: Mapping[str, int]) -> dict[str, list[ObservedJob]]:
     """Into `plan`: the records of the finished Jobs, and of Jobs whose Pod's end already
     decides them (settling: neither running nor deletable until the Job controller is done
     with them), and which Jobs to delete; returns the running Jobs per pool (`rounds`: the
     current round of each pool)."""
-    running: dict[str, list[Job]] = {}
+    running: dict[str, list[ObservedJob]] = {}
     for job in obs.jobs:
-        name = job["metadata"]["name"]
-        target, _ = job_labels(job)
-        ended = obs.ended.get(name)
-        if from_earlier_version(job):
-            if not recorded(job, obs.stored):
-                back = plan.hand_back(target, job, ()) if rounds.get(target) == round_of(job) else 0
+        name, target = job.name, job.target
+        if job.earlier_version:
+            if not job.recorded(obs.stored):
+                back = plan.hand_back(job, ()) if rounds.get(target) == job.round else 0
                 plan.superseded.append((name, target, back))
             plan.delete_now.append(name)
             continue
-        if not job_finished(job) and ended is None:
-            if rounds.get(target) != round_of(job):
+        if not job.finished and not job.decided:
+            if rounds.get(target) != job.round:
                 # A trial of a removed pool, or of an older round (older driver or space),
                 # would only measure the past.
                 plan.delete_now.append(name)
-            elif (late := past_deadline_s(job, obs.wall)) is not None and late > STALL_GRACE_S:
-                _stalled(job, target, late, obs, plan)
+            elif (late := job.past_deadline_s(obs.wall)) is not None and late > STALL_GRACE_S:
+                _stalled(job, late, obs, plan)
             else:
                 running.setdefault(target, []).append(job)
-                if answers := obs.answers.get(name):
-                    work = work_of(job)
-                    plan.early += early_records(job, work, answers, round_of(job), _size(target, work))
+                plan.early += job.early
             continue
         # Finished, or its Pod's end already decides it: no need to wait for the Job
         # controller to record it and start the next trial. Deleting it can wait: a Job
         # deleted before the Job controller is done with it leaves its Pod to the slower
         # orphan path (the tracking finalizer), and the Pod lingers.
-        if not recorded(job, obs.stored):
-            pods = [ended] if ended is not None else obs.pods.get(name)
-            if pods is None:
+        if not job.recorded(obs.stored):
+            new = job.records
+            if new is None:
                 continue  # its Pods were not read: recorded (and deleted) on a later step
-            work = work_of(job)
-            size = _size(target, work)
-            preempted = suspended(job) and not job_finished(job)
-            new = records_from_job(job, pods, work, round_of(job), size, answered_only=preempted,
-                                   streamed=obs.answers.get(name))
-            if preempted and rounds.get(target) == round_of(job):
+            if job.preempted and rounds.get(target) == job.round:
                 answered = {r.index for r in new}
-                back = plan.hand_back(target, job, answered)
+                back = plan.hand_back(job, answered)
                 plan.preempted.append((name, target, len(answered), back))
             # A record already stored (a crash between two of a batch's writes) is not stored twice.
             plan.records += [r for r in new if (r.round, r.target, r.index) not in obs.stored]
-            plan.timings[name] = trial_timings(job, pods)
-        if suspended(job) and not job_finished(job):
+            plan.timings[name] = job.timings
+        if job.preempted:
             plan.delete_now.append(name)  # never re-admitted: it would measure its answered configurations again
-        elif ended is None:
+        elif not job.decided:
             plan.delete_after.append(name)
         else:
             plan.settling = True

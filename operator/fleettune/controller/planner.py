@@ -6,6 +6,12 @@ metric samples and the run's report — and the shell applies it. What the plann
 between steps (each pool's round, phase and Study) it rebuilds from the stored records and
 the last status after a restart, so the loop can resume from any point.
 
+The planner follows the run's spec, re-tune token, kernel source and warm starts, keeps each
+pool's nodes and search, and takes the step (`plan`): it collects what the Jobs say
+(`controller.plan.collect`), then lets each pool start its next trials
+(`controller.trials.advance`), and reports. It sees the Jobs decoded
+(`controller.observed.ObservedJob`), never as dicts.
+
 Reading is guided by the planner too (`wants_source`, `wants_warm_start`, `wants_nodes`, and
 `plan.pods_needed`), so the shell reads only what a decision needs.
 """
@@ -13,14 +19,12 @@ Reading is guided by the planner too (`wants_source`, `wants_warm_start`, `wants
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from fleettune.admission import TrialPolicy
-from fleettune.api import BudgetSpec, QueueSpec, TuningRunSpec, TuningRunStatus
-from fleettune.controller.batches import batch_sizes, free_slots, pods_at_once
+from fleettune.api import BudgetSpec, TuningRunSpec, TuningRunStatus
 from fleettune.controller.fleet import (
     DEFAULT_NODE_WAIT_S,
     FleetView,
@@ -29,27 +33,22 @@ from fleettune.controller.fleet import (
     waits_for_nodes,
 )
 from fleettune.controller.lifecycle import PoolPhase
-from fleettune.controller.plan import Job, Observed, Plan, Suggested, collect
+from fleettune.controller.observed import NodeBody
+from fleettune.controller.plan import Observed, Plan, collect
 from fleettune.controller.pool import Pool, build_search, make_study
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
+from fleettune.controller.trials import StepContext, advance, back_in_queue, pool_queue
 from fleettune.controller.warmstart import WarmStarts
-from fleettune.fingerprint import describe_change, eligibility_affinity, is_stale, pinning_selector
-from fleettune.jobs import entries_of, queue_of, render_job
+from fleettune.fingerprint import describe_change, is_stale
 from fleettune.kernelcheck import KernelSpecError, compile_check
-from fleettune.labels import RETUNE_ANNOTATION, ROUND_LABEL
+from fleettune.labels import RETUNE_ANNOTATION
 from fleettune.names import bounded
-from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
 from fleettune.results import Records, TrialRecord
 from fleettune.sizes import pool_key
-from fleettune_job.protocol import Outcome
 
 NODE_RECHECK_S = 30.0
-
-
-def _back_in_queue(n: int) -> str:
-    return f"{n} configuration(s) back in the queue, none counted as failed"
 
 
 def reopened(old: BudgetSpec | None, new: BudgetSpec) -> str:
@@ -256,7 +255,7 @@ class Planner:
     def wants_nodes(self, epoch: int, mono: float) -> bool:
         return self.fleet.wants(epoch, mono)
 
-    def accept_nodes(self, nodes: Sequence[Job], epoch: int, mono: float) -> None:
+    def accept_nodes(self, nodes: Sequence[NodeBody], epoch: int, mono: float) -> None:
         self.fleet.accept(nodes, epoch, mono)
 
     def _track_fleet(self, pool: Pool, obs: Observed) -> bool:
@@ -270,7 +269,7 @@ class Planner:
             if not nodes and waits_for_nodes(pool, selector, obs.wall, self.node_wait_s):
                 return True
             why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
-            queued = f"; {_back_in_queue(len(pool.requeue))}" if pool.requeue else ""
+            queued = f"; {back_in_queue(len(pool.requeue))}" if pool.requeue else ""
             pool.move(PoolPhase.UNSCHEDULABLE, f"{why} {selector}{queued}")
             pool.next_check = obs.mono + NODE_RECHECK_S
             return False
@@ -333,10 +332,13 @@ class Planner:
         records = Records([*obs.records, *plan.records, *plan.early])
         early = {(r.target, r.index) for r in plan.early}
         self._feed_studies(records)
+        run = StepContext(name=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec,
+                          source_digest=self.source.digest, policy=self.policy, node_wait_s=self.node_wait_s,
+                          fleet=self.fleet, log=self.log, events=self.events, capacity_notes=self.capacity_notes)
         for pool in self.pools.values():
             if pool.study is not None and not pool.done and not waiting:
-                self._advance(pool, running.setdefault(pool.key, []), records, early, obs, plan)
-        queues = {key: self._queue(pool) for key, pool in self.pools.items()}
+                advance(run, pool, running.setdefault(pool.key, []), records, early, obs.wall, plan)
+        queues = {key: pool_queue(self.spec, pool, self.policy) for key, pool in self.pools.items()}
         report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
         if self.capacity_notes:
             report = replace(report, targets=[
@@ -349,11 +351,6 @@ class Planner:
         plan.report = report
         drop_finished_studies(self.pools.values())
         return plan
-
-    def _queue(self, pool: Pool) -> QueueSpec | None:
-        """The Kueue queue of the pool's trial Jobs (`jobs.queue_of`)."""
-        assert self.spec is not None
-        return queue_of(self.spec, pool.spec, self.policy or TrialPolicy.from_env())
 
     def _set_up_pools(self, obs: Observed) -> Report | None:
         assert self.spec is not None
@@ -416,121 +413,3 @@ class Planner:
             for rec in sorted(new, key=lambda r: r.index):
                 pool.observed.add(rec.index)
                 pool.study.observe(rec.config, rec.outcome, rec.objective, rec.times)
-
-    def _ends(self, pool: Pool, running: list[Job], plan: Plan, verdict: Verdict | None) -> bool:
-        """Apply a stopping verdict (`optimize.stopping.pool_verdict`): True when the pool
-        starts no new trial. Trials it stops keep what their Pods answered already: those
-        records are stored before the Jobs are deleted."""
-        if verdict is not None and verdict.phase is not None:
-            if verdict.stop_running:
-                names = {j["metadata"]["name"] for j in running}
-                plan.records += [r for r in plan.early if r.job in names]
-                plan.delete_now += sorted(names)
-                running.clear()
-            pool.move(PoolPhase(verdict.phase), verdict.message)
-        return verdict is not None
-
-    def _withdraw(self, pool: Pool, running: list[Job], plan: Plan) -> None:
-        """A pool no node matches, its wait for an autoscaler over: its trials would wait
-        for a node that is not coming (and keep asking an autoscaler for one), so their
-        Jobs are deleted and their configurations go back to the pool, measured first when
-        a node comes; none is recorded (a Pod that ended is collected before this)."""
-        for job in running:
-            plan.delete_now.append(job["metadata"]["name"])
-            pool.hand_back(entries_of(job))
-        if running:
-            names = ", ".join(j["metadata"]["name"] for j in running)
-            note = f"{len(running)} waiting trial Job(s) withdrawn, {_back_in_queue(len(pool.requeue))}"
-            pool.message = f"{pool.message}; {note}" if pool.message else note
-            self.events.append(("Normal", "Withdrawn", f"{pool.key}: no node matches: {bounded(names, 200)}: {note}"))
-            self.log.info("%s: %s", pool.key, note)
-        running.clear()
-
-    def _advance(self, pool: Pool, running: list[Job], records: Sequence[TrialRecord],
-                 early: Container[tuple[str, int]], obs: Observed, plan: Plan) -> None:
-        """`early`: the (pool, index) of `records` that running Pods answered in their logs;
-        until stored, they stay in flight for the budget."""
-        assert self.spec is not None and pool.study is not None and pool.space is not None
-        budget = self.spec.budget
-        mine = pool.records(records)
-        observations = sum(r.is_observation and (r.target, r.index) not in early for r in mine)
-        infra = [r for r in mine if not r.is_observation]
-        in_flight = [entry for job in running for entry in entries_of(job)]
-        rules = Budget(budget.trials_per_target, budget.max_infra_failures, budget.deadline_seconds)
-        progress = Progress(
-            # A batch Pod that died is one failure of the infrastructure, however many trials it held.
-            observations=observations, infra_failures=len({r.job or r.index for r in infra}), infra_trials=len(infra),
-            elapsed_s=obs.wall - (pool.round_started or obs.wall), running=len(running),
-            last_infra_error=next((r.error for r in reversed(infra) if r.error), ""),
-            study_reason=pool.study.should_stop(patience=budget.patience) if budget.patience is not None else None,
-        )
-        if self._ends(pool, running, plan, pool_verdict(rules, progress)):
-            return
-        if pool.phase == PoolPhase.UNSCHEDULABLE:
-            nodes, _ = self.fleet.of(pool.spec)
-            if nodes is not None and not nodes:
-                self._withdraw(pool, running, plan)
-            return
-        at_once, capped = pods_at_once(budget.parallelism, self.fleet.capacity(pool.spec), pool.spec.gpus)
-        if capped is not None:
-            self.capacity_notes[pool.key] = capped
-        slots = free_slots(at_once, running, pool.nodes_missing_since is not None, self._queue(pool) is not None)
-        left = budget.trials_per_target - observations - len(in_flight)
-        if slots <= 0 or left <= 0:
-            return
-        pending = [config for i, config in in_flight if (pool.key, i) not in early]
-        keys = {r.key for r in mine if r.is_observation} | {pool.space.key(c) for c in pending}
-        default_first = pool.default_config is not None and pool.default_key not in keys
-        aim, sizes = batch_sizes(budget, pool.study.learns, mine, slots, left, default_first, observations,
-                                 len(in_flight), at_once)
-        configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
-        # What preempted Jobs did not measure goes first: it was chosen already, and is still unmeasured.
-        taken = keys | ({pool.default_key} if default_first else set())
-        requeued = list({k: c for c in pool.requeue if (k := pool.space.key(c)) not in taken}.values())
-        take = max(0, sum(sizes) - len(configs))
-        configs += requeued[:take]
-        pool.requeue = requeued[take:]
-        if sum(sizes) > len(configs):
-            started = time.perf_counter()
-            try:
-                suggested = pool.study.suggest(sum(sizes) - len(configs), pending + configs)
-            except Exception as exc:  # a strategy that cannot suggest would fail the same way forever
-                self.log.exception("%s: the strategy failed", pool.key)
-                message = f"spec.strategy: the strategy failed: {exc}"[:500]
-                self._ends(pool, running, plan, Verdict("Failed", message, stop_running=True))
-                return
-            plan.suggested.append(Suggested(pool.key, time.perf_counter() - started, pool.study.last_fit_seconds))
-            configs += suggested
-            if not pool.prior_dropped and (after := pool.study.prior_dropped_after) is not None:
-                pool.prior_dropped = True
-                note = (f"earlier results dropped after {after} "
-                        "trials without improvement: tuning from this round's own")
-                pool.message = f"{pool.message}; {note}" if pool.message else note
-                self.log.info("%s: %s", pool.key, note)
-        if not configs:
-            self._ends(pool, running, plan, pool_verdict(rules, replace(progress, exhausted=True)))
-            return
-        used = [r.index for r in pool.records(records, all_rounds=True)] + [i for i, _ in in_flight]
-        index = max(max(used, default=-1) + 1, pool.index_floor)
-        pin = pinning_selector(pool.tuned_for) if pool.tuned_for is not None else {}
-        avoid = eligibility_affinity(pool.spec.allow_shared_gpus)
-        best_ms = min((r.objective for r in mine if r.outcome == Outcome.OK and r.objective), default=None)
-        for size in sizes:
-            group, configs = configs[:size], configs[size:]
-            if not group:
-                break
-            keyed = [(c, pool.space.key(c)) for c in group]
-            body = render_job(
-                run=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec, target=pool.spec,
-                index=index, configs=keyed, pin=pin, node_expressions=avoid,
-                key=pool.key, problem_size=pool.problem_size, source_digest=self.source.digest, policy=self.policy,
-                best_ms=None if any(k == pool.default_key for _, k in keyed) else best_ms,
-            )
-            index += len(group)
-            for labels in (body["metadata"]["labels"], body["spec"]["template"]["metadata"]["labels"]):
-                labels[ROUND_LABEL] = str(pool.round)
-            if pool.nodes_missing_since is not None:  # its wait for a node must not time the trial out
-                body["spec"]["activeDeadlineSeconds"] += int(self.node_wait_s)
-            plan.create.append(body)
-            running.append(body)
-        pool.trials_per_pod = aim

@@ -14,8 +14,8 @@ from typing import Any
 
 from fleettune.api import QueueSpec, TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.lifecycle import PoolPhase
+from fleettune.controller.observed import ObservedJob
 from fleettune.controller.pool import Pool, iso_time
-from fleettune.jobs import entries_of, suspended, suspended_since
 from fleettune.metrics import parse_time
 from fleettune.results import TrialRecord
 from fleettune.status import TOP_K, fit_status, run_status, said, status_budget, target_status
@@ -38,12 +38,6 @@ class Report:
     queue: tuple[bool, str, str] | None = None  # the QueueDelayed condition, when trials are queued
 
 
-def _started(job: Mapping[str, Any]) -> bool:
-    """Whether the Job's Pod runs (the Job controller counts it ready); else it is Pending,
-    waiting for a node or a GPU, and not counted as running."""
-    return int((job.get("status") or {}).get("ready") or 0) > 0
-
-
 class Reporter:
     def __init__(self, log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         self.log = log
@@ -62,19 +56,20 @@ class Reporter:
             ready = "Tuned"  # Ready may name an unwritten ConfigMap instead; the run's own reason is this
         self.announced = {t.name: t.phase for t in previous.targets} | {"": f"{previous.phase}/{ready}"}
 
-    def report(self, spec: TuningRunSpec, pools: Mapping[str, Pool], running: Mapping[str, list[Any]],
+    def report(self, spec: TuningRunSpec, pools: Mapping[str, Pool], running: Mapping[str, list[ObservedJob]],
                records: Sequence[TrialRecord], mono: float, wall: float | None = None,
                queues: Mapping[str, QueueSpec | None] | None = None) -> Report:
         """`running`: each pool's unfinished Jobs (those its queue holds among them);
-        `queues`: each pool's Kueue queue (`jobs.queue_of`), `wall`: now, for their waits."""
+        `queues`: each pool's Kueue queue (`jobs.queue_of`), `wall`: now, for their waits. A
+        Job that is not suspended and not `started` waits for a node or a GPU: pending."""
         targets = []
         delayed: list[str] = []
         # Many (pool, size) entries share the status: fewer top configurations each.
         top_k = TOP_K if len(pools) <= 8 else 2 if len(pools) <= 16 else 1
         for pool in pools.values():
             jobs = running.get(pool.key, [])
-            held = [j for j in jobs if suspended(j)]
-            since = min(filter(None, map(suspended_since, held)), default=None)
+            held = [j for j in jobs if j.suspended]
+            since = min(filter(None, (j.suspended_since for j in held)), default=None)
             spec_queue = (queues or {}).get(pool.key)
             began = parse_time(since)
             waited = wall - began if wall is not None and began is not None else None
@@ -84,20 +79,20 @@ class Reporter:
                                f"{spec_queue.max_wait_seconds})")
             mine = pool.records(records)
             # Admitted (or never queued), but not yet running: their Pods wait for a node or a GPU.
-            waiting = [j for j in jobs if not suspended(j) and not _started(j)]
-            live = {j["metadata"]["name"] for j in jobs if not suspended(j) and _started(j)}
+            waiting = [j for j in jobs if not j.suspended and not j.started]
+            live = {j.name for j in jobs if not j.suspended and j.started}
             status = target_status(
                 name=pool.key, phase=pool.phase.value, budget=spec.budget.trials_per_target,
                 records=mine,
                 # A running Pod's entries less those it has answered already (`Plan.early`).
-                running=sum(len(entries_of(j)) for j in jobs if j["metadata"]["name"] in live)
+                running=sum(len(j.entries) for j in jobs if j.name in live)
                 - sum(r.job in live for r in mine),
                 device=pool.device, space_size=pool.space_size, default_key=pool.default_key,
                 message=pool.message, tuning_round=pool.round, stale=pool.stale,
                 tuned_for=pool.tuned_for.to_status() if pool.tuned_for else None, top_k=top_k,
                 pods_running=len(live), trials_per_pod=pool.trials_per_pod,
-                queued=sum(len(entries_of(j)) for j in held), pods_queued=len(held), queued_since=since,
-                pending=sum(len(entries_of(j)) for j in waiting), pods_pending=len(waiting),
+                queued=sum(len(j.entries) for j in held), pods_queued=len(held), queued_since=since,
+                pending=sum(len(j.entries) for j in waiting), pods_pending=len(waiting),
             )
             update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
             if pool.key != pool.spec.name:

@@ -24,7 +24,8 @@ from fleettune.admission import TrialPolicy
 from fleettune.api import TuningRunSpec, TuningRunStatus
 from fleettune.controller.events import EventCorrelator
 from fleettune.controller.kube import Kube
-from fleettune.controller.plan import Job, Observed, Plan, pods_needed
+from fleettune.controller.observed import JobBody, ObservedJob, parse_job, seen
+from fleettune.controller.plan import Observed, Plan, pods_needed
 from fleettune.controller.planner import DEFAULT_NODE_WAIT_S, Planner
 from fleettune.controller.publisher import Publisher, entries
 from fleettune.controller.reporting import Report
@@ -32,7 +33,7 @@ from fleettune.jobs import run_selector
 from fleettune.metrics import Metrics, TrialTimings
 from fleettune.names import bounded
 from fleettune.publish import kernel_identity
-from fleettune.results import Records, TrialRecord, job_finished
+from fleettune.results import Records, TrialRecord
 from fleettune.store import ResultsStore
 
 __all__ = ["RunLoop"]
@@ -140,24 +141,27 @@ class RunLoop:
             nodes = await asyncio.to_thread(self.kube.list_fleet_nodes)
             planner.accept_nodes(nodes, epoch, time.monotonic())
         self.kube.watch_workers(self.namespace)
-        jobs = await asyncio.to_thread(self.kube.list_jobs, self.namespace, run_selector(self.name))
+        bodies, jobs = await asyncio.to_thread(self._read_jobs)
         # A Job whose Pod's end (seen by the watch) decides it, before the Job controller says so.
-        ended = {j["metadata"]["name"]: pod for j in jobs
-                 if not job_finished(j) and (pod := self.kube.ended_pod(self.namespace, j)) is not None}
+        ended = {job.name: pod for job, body in zip(jobs, bodies, strict=True)
+                 if not job.finished and (pod := self.kube.ended_pod(self.namespace, body)) is not None}
         needed = pods_needed(jobs, ended, self.store)
         pod_lists = await asyncio.gather(*(  # one round trip for all of them, not one after another
-            asyncio.to_thread(self.kube.job_pods, self.namespace, j["metadata"]["name"]) for j in needed
+            asyncio.to_thread(self.kube.job_pods, self.namespace, job.name) for job in needed
         ))
-        streamed = {j["metadata"]["name"]: answers for j in jobs
-                    if (answers := self.kube.streamed.of(self.namespace, j["metadata"].get("uid")))}
-        observed = Observed(
-            wall=time.time(), mono=time.monotonic(), jobs=jobs, records=self.store.records, stored=self.store,
-            ended=ended, pods={j["metadata"]["name"]: pods for j, pods in zip(needed, pod_lists, strict=True)},
-            answers=streamed,
-        )
+        streamed = {job.name: answers for job in jobs if (answers := self.kube.streamed.of(self.namespace, job.uid))}
+        pods = {job.name: listed for job, listed in zip(needed, pod_lists, strict=True)}
+        observed = Observed(wall=time.time(), mono=time.monotonic(), jobs=seen(jobs, ended, pods, streamed),
+                            records=self.store.records, stored=self.store)
         plan = await asyncio.to_thread(planner.plan, observed)
         await self._apply(plan)
         return plan.finished
+
+    def _read_jobs(self) -> tuple[list[JobBody], list[ObservedJob]]:
+        """The run's trial Jobs, and each parsed: the only place a step reads a Job's fields
+        (in a worker thread, off the event loop: a large run has thousands)."""
+        bodies = self.kube.list_jobs(self.namespace, run_selector(self.name))
+        return bodies, [parse_job(body) for body in bodies]
 
     # ------------------------------------------------------------------ apply
 
@@ -233,7 +237,7 @@ class RunLoop:
             self.planner.events.append(("Warning", "InfraFailure", f"{rec.target}: trial lost to the infrastructure: "
                                         f"{bounded(rec.error, 400) or 'no result'} (retried; not counted as a result)"))
 
-    async def _create_jobs(self, jobs: list[Job]) -> None:
+    async def _create_jobs(self, jobs: list[JobBody]) -> None:
         await asyncio.gather(*(asyncio.to_thread(self.kube.create_job, self.namespace, b) for b in jobs))
 
     async def _delete_jobs(self, names: list[str]) -> None:
