@@ -182,16 +182,6 @@ def _eval(node: ast.AST, names: Mapping[str, Number], ps: Sequence[int], text: s
     raise ExpressionError(f"unsupported expression {text!r}")  # unreachable after parse()
 
 
-def names_in(text: str) -> set[str]:
-    """Parameter names an expression refers to (``problem_size`` and functions excluded)."""
-    tree = parse(text)
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id != "problem_size" and node.id not in _FUNCTIONS:
-            out.add(node.id)
-    return out
-
-
 def dimension(text: str, names: Mapping[str, Number], problem_size: Sequence[int], what: str) -> int:
     """Evaluate one grid/block dimension: it must be a positive integer."""
     value = evaluate(text, names, problem_size)

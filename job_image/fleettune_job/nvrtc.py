@@ -28,7 +28,6 @@ from pathlib import Path
 NVRTC_ENV = "FLEETTUNE_NVRTC"
 # nvrtcResult: the source does not compile (any other failure is an option the library
 # refuses, such as an architecture newer than it knows, or the library itself).
-NVRTC_ERROR_INVALID_OPTION = 5
 NVRTC_ERROR_COMPILATION = 6
 # NVRTC's answer to an include it cannot find.
 INCLUDE_TROUBLE = ("cannot open source file", "could not open source file")

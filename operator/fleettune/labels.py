@@ -38,7 +38,3 @@ PUBLISHED_BY_UID = f"{GROUP}/published-by-uid"  # annotation: the uid of the run
 
 # On simulated nodes (the local fleet): which pool a fake GPU node belongs to.
 POOL_LABEL = f"{GROUP}/pool"
-
-
-def managed_selector() -> dict[str, str]:
-    return {MANAGED_BY: MANAGER}

@@ -51,10 +51,6 @@ PREFIX = "fleettune"
 DEFAULT_PORT = 8080
 RUN_PHASES = ("Pending", "Running", "Succeeded", "Failed")
 POOL_PHASES: tuple[str, ...] = get_args(TargetPhase)  # Pending, Running, Succeeded, Failed, Unschedulable
-# Outcome classes the dashboard shows; keep in sync with the regexes in the dashboard JSON.
-VALID_OUTCOMES = (Outcome.OK.value,)
-INFRA_OUTCOMES = (Outcome.INFRA_ERROR.value,)
-INVALID_OUTCOMES = tuple(o.value for o in Outcome if o.is_invalid_configuration)
 
 RUN_LABELS = ("namespace", "run")
 POOL_LABELS = ("namespace", "run", "target")

@@ -234,11 +234,3 @@ def _gp_recommend(space: Any, data: _Data, size: ProblemSize, fit: tuple[float, 
              f"nearest {_distance(nearest, size):.2g} octaves away; config measured at {where}")
     scale = intercept + slope * _log_volume(size)
     return Recommendation(cfg, float(math.exp(scale + max(0.0, float(mean[j])))), basis)
-
-
-def nearest_best(space: Any, records_by_size: Records, size: Sequence[int]) -> dict[str, Any]:
-    """The baseline: the best configuration of the nearest tuned size (in octaves)."""
-    data = _collect(space, records_by_size)
-    target = problem_size(size)
-    nearest = min(data.rows, key=lambda s: (_distance(s, target), s))
-    return space.to_configs(data.rows[nearest][int(np.argmin(data.logt[nearest]))].reshape(1, -1))[0]

@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client
 
 from fleettune.results import TrialRecord
-from fleettune.status import run_status, target_status
+from fleettune.rollup import run_status, target_status
 from fleettune.store import ResultsStore
 from fleettune_dev.cluster.binaries import _go_env, ensure_helm
 from fleettune_job.protocol import Fingerprint, Outcome

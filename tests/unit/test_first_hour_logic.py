@@ -23,9 +23,9 @@ from fleettune.admission import (
 from fleettune.api import TuningRunSpec
 from fleettune.labels import RESULTS_OF_LABEL
 from fleettune.names import INT64_MAX, bounded, child_name, label_value
-from fleettune.publish import PUBLISHED_BY, PUBLISHED_BY_RUN, not_ours, published_configmap
+from fleettune.published import PUBLISHED_BY, PUBLISHED_BY_RUN, not_ours, published_configmap
 from fleettune.results import TrialRecord
-from fleettune.status import fit_status, run_status, status_budget, target_status
+from fleettune.rollup import fit_status, run_status, status_budget, target_status
 from fleettune.store import ResultsStore, StoreConflict, encode_shard, shard_name
 from fleettune_job.protocol import Outcome
 

@@ -223,7 +223,7 @@ def test_http_server_serves_the_registry(m: Metrics) -> None:
 
 def test_observe_status_sets_every_gauge_from_a_real_status(m: Metrics) -> None:
     from fleettune.results import TrialRecord
-    from fleettune.status import run_status, target_status
+    from fleettune.rollup import run_status, target_status
     from fleettune_job.protocol import Fingerprint, Outcome
 
     fp = Fingerprint(product="NVIDIA A100", driver_version="550.54", cuda_runtime_version="12.4",

@@ -6,14 +6,16 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fleettune.commands.predict import check_against, main
-from fleettune.prediction import fit_scale, nearest_best, recommend
-from fleettune.sizes import parse_size
+from fleettune.prediction import _collect, _distance, fit_scale, recommend
+from fleettune.sizes import parse_size, problem_size
 from fleettune.space import SearchSpace
 
 SPACE = SearchSpace.from_spec(
@@ -56,6 +58,14 @@ def records(sizes, k: int | None = None):
 
 
 TUNED = [(64, 64), (256, 256), (1024, 1024), (4096, 4096)]
+
+
+def nearest_best(space: Any, records_by_size: Any, size: Sequence[int]) -> dict[str, Any]:
+    """The baseline: the best configuration of the nearest tuned size (in octaves)."""
+    data = _collect(space, records_by_size)
+    target = problem_size(size)
+    nearest = min(data.rows, key=lambda s: (_distance(s, target), s))
+    return space.to_configs(data.rows[nearest][int(np.argmin(data.logt[nearest]))].reshape(1, -1))[0]
 
 
 def test_gp_follows_an_optimum_that_moves_with_the_size() -> None:

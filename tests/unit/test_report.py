@@ -22,7 +22,7 @@ from fleettune.commands.report import (
     summary,
 )
 from fleettune.results import TrialRecord
-from fleettune.status import run_status, target_status
+from fleettune.rollup import run_status, target_status
 from fleettune_job.protocol import Fingerprint, Outcome
 
 

@@ -1,5 +1,5 @@
 from fleettune.results import TrialRecord
-from fleettune.status import TOP_K, run_status, target_status
+from fleettune.rollup import TOP_K, run_status, target_status
 from fleettune.store import decode_shard, encode_shard
 from fleettune_job.protocol import Outcome
 
@@ -76,15 +76,15 @@ def test_conditions_keep_transition_time_until_status_changes():
 
 
 def test_every_fingerprint_field_fits_the_status_schema():
-    from fleettune.fingerprint import NodeFingerprint
+    from fleettune.fingerprint import GpuFingerprint
 
-    fp = NodeFingerprint(
+    fp = GpuFingerprint(
         product="Jetson-AGX-Orin", compute_capability="8.7", driver_version="540.4.0", cuda_runtime_version="12.6",
         mig_profile="1g.5gb", sharing="mps", replicas=2, arch="arm64", l4t_version="36.4.0", family="ampere",
         memory_mib=32768, source="fleettune",
     )
     st = target_status(name="orin", phase="Running", budget=1, records=[], running=0, tuned_for=fp.to_status())
-    assert NodeFingerprint.from_status(st.tuned_for.dump()) == fp
+    assert GpuFingerprint.from_status(st.tuned_for.dump()) == fp
 
 
 def test_status_stays_small_at_the_spec_limits_on_sizes_and_predictions():

@@ -28,10 +28,10 @@ from fleettune.controller.publisher import entries
 from fleettune.controller.reporting import Reporter
 from fleettune.labels import CONFIG_KEYS_ANNOTATION, TARGET_LABEL, TRIAL_LABEL
 from fleettune.optimize import Study
-from fleettune.publish import PublishedEntry, configmap_data, read_entries
+from fleettune.published import PublishedEntry, configmap_data, read_entries
 from fleettune.results import TrialRecord, records_from_job
+from fleettune.rollup import UNVERIFIED_NOTE, outputs_unverified, ranked, run_status, said, target_status
 from fleettune.space import SearchSpace
-from fleettune.status import UNVERIFIED_NOTE, outputs_unverified, ranked, run_status, said, target_status
 from fleettune_dev.cluster.fleet import default_fleet
 from fleettune_dev.demo import _summary, _table
 from fleettune_dev.sim import FleetSimulator

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleettune.results import TrialRecord
-from fleettune.status import outputs_unverified, ranked
+from fleettune.rollup import outputs_unverified, ranked
 from fleettune_job.protocol import Outcome
 
 TOP = 5

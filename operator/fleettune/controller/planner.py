@@ -36,11 +36,11 @@ from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.observed import NodeBody
 from fleettune.controller.plan import Observed, Plan, collect
 from fleettune.controller.pool import Pool, build_search, make_study
+from fleettune.controller.priors import WarmStarts
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
 from fleettune.controller.trials import StepContext, advance, back_in_queue, pool_queue
-from fleettune.controller.warmstart import WarmStarts
 from fleettune.fingerprint import describe_change, is_stale
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION

@@ -1,8 +1,8 @@
 """Publishing a run's best configurations into its ConfigMap (I/O; the decisions are
-`fleettune.publish`'s).
+`fleettune.published`'s).
 
 Only when the best improves, and only into a ConfigMap this run created or publishes
-into (`publish.not_ours`): any other is left untouched and the refusal shown in the
+into (`published.not_ours`): any other is left untouched and the refusal shown in the
 `Published` condition.
 """
 
@@ -21,9 +21,9 @@ from fleettune.controller.kube import Kube
 from fleettune.controller.pool import Pool
 from fleettune.fingerprint import GpuFingerprint
 from fleettune.names import bounded
-from fleettune.publish import PublishedEntry, not_ours, publish_plan, published_configmap
+from fleettune.published import PublishedEntry, not_ours, publish_plan, published_configmap
 from fleettune.results import TrialRecord
-from fleettune.status import PUBLISH_FAILED, PUBLISH_REFUSED, outputs_unverified, ranked
+from fleettune.rollup import PUBLISH_FAILED, PUBLISH_REFUSED, outputs_unverified, ranked
 
 PUBLISH_RECHECK_S = 60.0
 

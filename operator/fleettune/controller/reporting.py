@@ -18,7 +18,7 @@ from fleettune.controller.observed import ObservedJob
 from fleettune.controller.pool import Pool, iso_time
 from fleettune.metrics import parse_time
 from fleettune.results import TrialRecord
-from fleettune.status import TOP_K, fit_status, run_status, said, status_budget, target_status
+from fleettune.rollup import TOP_K, fit_status, run_status, said, status_budget, target_status
 
 Event = tuple[str, str, str]  # (type, reason, message)
 

@@ -32,7 +32,7 @@ from fleettune.controller.reporting import Report
 from fleettune.jobs import run_selector
 from fleettune.metrics import Metrics, TrialTimings
 from fleettune.names import bounded
-from fleettune.publish import kernel_identity
+from fleettune.published import kernel_identity
 from fleettune.results import Records, TrialRecord
 from fleettune.store import ResultsStore
 

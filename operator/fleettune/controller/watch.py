@@ -72,8 +72,6 @@ class WatchCache:
         self._gone: dict[str, float] = {}  # uid -> when it was deleted
         self._listed: dict[tuple[str, str], float] = {}  # (namespace, selector) -> last real list
         self.events = 0  # watch events seen: until the first, the cache is not used
-        self.hits = 0
-        self.lists = 0
 
     # ---------------------------------------------------------------- feeding
     def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> bool:
@@ -158,7 +156,6 @@ class WatchCache:
                 or not self.fresh(namespace, selector)):
             return None
         with self._lock:
-            self.hits += 1
             items = list(self._objects.get(namespace, {}).values())
         return [o for o in items
                 if all((o.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in wanted.items())]
@@ -171,7 +168,6 @@ class WatchCache:
             return
         snapshot = int(list_rv) if list_rv and list_rv.isdigit() else None
         with self._lock:
-            self.lists += 1
             objects = self._objects.setdefault(namespace, {})
             names = set()
             for item in items:

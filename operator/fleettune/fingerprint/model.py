@@ -19,7 +19,6 @@ count and what a pool's fingerprint is, `fleettune.fingerprint.pool`.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -95,9 +94,6 @@ class GpuFingerprint(BaseModel):
         return cls(**{k: v for k, v in snake.items() if k in cls.model_fields})
 
 
-NodeFingerprint = GpuFingerprint  # the name before it was the one model of a GPU
-
-
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
 
@@ -151,11 +147,6 @@ def fingerprint_key(fp: GpuFingerprint) -> str:
         "l4t" + fp.l4t_version if fp.l4t_version else "",
     ]
     return "_".join(_KEY_UNSAFE.sub("-", p) for p in parts if p)
-
-
-def fingerprint_hash(fp: GpuFingerprint) -> str:
-    """10 hex characters of `fingerprint_key`: for label values and object names."""
-    return hashlib.sha256(fingerprint_key(fp).encode()).hexdigest()[:10]
 
 
 def from_device(report: DeviceReport | Mapping[str, Any]) -> GpuFingerprint:

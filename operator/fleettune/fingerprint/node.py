@@ -33,7 +33,6 @@ GFD_RUNTIME_OLD = (NV + "cuda.runtime.major", NV + "cuda.runtime.minor")  # depr
 GFD_SHARING = NV + "gpu.sharing-strategy"
 GFD_REPLICAS = NV + "gpu.replicas"
 GFD_MIG_STRATEGY = NV + "mig.strategy"
-GFD_TIMESTAMP = NV + "gfd.timestamp"  # changes on every relabel: never relevant
 # GPU operator's driver upgrade controller.
 UPGRADE_STATE = NV + "gpu-driver-upgrade-state"
 UPGRADE_DONE = "upgrade-done"

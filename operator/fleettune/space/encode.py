@@ -28,7 +28,6 @@ from fleettune.space.params import Parameter
 class Encoding:
     columns: tuple[tuple[int, np.ndarray], ...]  # (parameter index, table: index -> feature row(s))
     groups: tuple[tuple[str, slice], ...]
-    names: tuple[str, ...]
     width: int
 
     def encode(self, rows: np.ndarray) -> np.ndarray:
@@ -73,14 +72,12 @@ def permutation_table(param: Parameter) -> np.ndarray:
 def build_encoding(params: Sequence[Parameter]) -> Encoding:
     columns: list[tuple[int, np.ndarray]] = []
     groups: list[tuple[str, slice]] = []
-    names: list[str] = []
     col = 0
     for kind, maker in (("numeric", numeric_table), ("categorical", categorical_table)):
         start = col
         for j, p in enumerate(params):
             if p.kind == kind:
                 columns.append((j, maker(p)))
-                names.append(p.name)
                 col += 1
         if col > start:
             groups.append((kind, slice(start, col)))
@@ -88,7 +85,6 @@ def build_encoding(params: Sequence[Parameter]) -> Encoding:
         if p.kind == "permutation":
             table = permutation_table(p)
             columns.append((j, table))
-            names.extend(f"{p.name}[{i}]" for i in range(table.shape[1]))
             groups.append(("permutation", slice(col, col + table.shape[1])))
             col += table.shape[1]
-    return Encoding(tuple(columns), tuple(groups), tuple(names), col)
+    return Encoding(tuple(columns), tuple(groups), col)

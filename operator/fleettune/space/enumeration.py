@@ -121,7 +121,7 @@ class Solver:
         self.residuals = list(residuals)
         # int64 counts are exact while the whole Cartesian product fits; beyond it use Python ints.
         self.count_dtype: type | np.dtype = np.int64 if math.prod(self.sizes) < 2**62 else object
-        self.order, self.largest_bucket = plan_elimination(self.sizes, [f.scope for f in factors])
+        self.order, _ = plan_elimination(self.sizes, [f.scope for f in factors])
         self.levels = self.order[::-1]  # enumeration / sampling order
         self._position = {v: i for i, v in enumerate(self.levels)}
         # bucket[v] = (others, table over (*others, v)); others are all bound before v.

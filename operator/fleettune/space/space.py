@@ -278,10 +278,6 @@ class SearchSpace:
     def feature_groups(self) -> list[tuple[str, slice]]:
         return list(self._encoding.groups)
 
-    @property
-    def feature_names(self) -> tuple[str, ...]:
-        return self._encoding.names
-
     def neighbours(self, row: Any) -> np.ndarray:
         """Valid rows one move away: the adjacent value of a numeric parameter, any other value of
         a categorical/boolean one, or a swap of two items of a permutation."""

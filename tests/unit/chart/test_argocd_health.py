@@ -1,7 +1,7 @@
 """The Argo CD health check (Lua) for TuningRuns, run in Lua 5.1 as Argo CD's gopher-lua does.
 
 The check runs on status objects that the operator's own status writer produces
-(fleettune.status.run_status), so the Lua and the conditions cannot drift apart.
+(fleettune.rollup.run_status), so the Lua and the conditions cannot drift apart.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import lupa.lua51 as lua51  # a dev extra: embeds Lua 5.1, so no interpreter has to be installed
 import yaml
 
-from fleettune.status import run_status, target_status
+from fleettune.rollup import run_status, target_status
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "deploy" / "argocd" / "tuningrun-health.lua"

@@ -486,19 +486,19 @@ def _policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_trial_pods_get_a_default_deny_network_policy(chart: Helm) -> None:
     """Trials run user-supplied CUDA and need no network (the result goes to the termination
     log): every Pod the operator creates is cut off, both ways, in every watched namespace."""
-    from fleettune.labels import managed_selector
+    from fleettune.labels import MANAGED_BY, MANAGER
 
     docs = chart.template("namespaced.yaml")
     policies = _policies(docs)
     assert set(policies) == {"team-a", "team-b"}
     for policy in policies.values():
         spec = policy["spec"]
-        assert spec["podSelector"] == {"matchLabels": managed_selector()}  # the labels of trial Pods
+        assert spec["podSelector"] == {"matchLabels": {MANAGED_BY: MANAGER}}  # the labels of trial Pods
         assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
         assert "ingress" not in spec and "egress" not in spec  # no rule: nothing allowed
     # ... and never the operator's own Pod (it must reach the API server).
     operator_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert not all(operator_labels.get(k) == v for k, v in managed_selector().items())
+    assert not all(operator_labels.get(k) == v for k, v in {MANAGED_BY: MANAGER}.items())
     assert not by_kind(chart.template("namespaced.yaml", sets=("trialNetworkPolicy.enabled=false",)),
                        "NetworkPolicy")
     # Cluster-wide, the namespaces where runs are must be named (none rendered otherwise).

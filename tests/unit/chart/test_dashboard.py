@@ -13,6 +13,7 @@ from chart_support import metric_names
 from prometheus_client import CollectorRegistry
 
 from fleettune import metrics
+from fleettune_job.protocol import Outcome
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "charts" / "fleettune" / "dashboards" / "fleettune.json"
 # Grafana's standard units that fit what the panels show (no made-up ones such as "x").
@@ -78,7 +79,7 @@ def test_dashboard_covers_the_issue(dashboard: dict[str, Any]) -> None:
         "fleettune_pool_fingerprint_info",
     } <= used
     outcome_regexes = " ".join(e for _, e in queries(dashboard) if "fleettune_trials_total" in e)
-    for outcome in metrics.INVALID_OUTCOMES:
+    for outcome in (o.value for o in Outcome if o.is_invalid_configuration):
         assert outcome in outcome_regexes  # the "invalid" rate misses no invalid outcome
     assert 'outcome="infra_error"' in outcome_regexes and 'outcome="ok"' in outcome_regexes
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleettune import metrics
 from fleettune.results import TrialRecord
-from fleettune.status import run_status, target_status
+from fleettune.rollup import run_status, target_status
 from fleettune_job.protocol import Fingerprint, Outcome
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleettune_job.expressions import ExpressionError, dimension, evaluate, geometry, names_in
+from fleettune_job.expressions import ExpressionError, dimension, evaluate, geometry
 
 CFG = {"block_size_x": 32, "block_size_y": 4, "tile_size_x": 2, "use_padding": 1, "use_shmem": 0}
 
@@ -73,5 +73,3 @@ def test_geometry_pads_to_three_dimensions_and_requires_integers() -> None:
     assert geometry(["block_size_y - 4"], CFG, [], "grid") == (0, 1, 1)
 
 
-def test_names_in_lists_parameters_only() -> None:
-    assert names_in("cdiv(problem_size[0], block_size_x * tile_size_x)") == {"block_size_x", "tile_size_x"}

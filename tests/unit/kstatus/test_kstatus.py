@@ -1,7 +1,7 @@
 """What kstatus (sigs.k8s.io/cli-utils/pkg/kstatus/status, as Flux's `wait: true` and
 health checks, kpt and the cli-utils applier use it) says of a TuningRun in each phase.
 
-The status documents are the operator's own (fleettune.status.run_status), so the
+The status documents are the operator's own (fleettune.rollup.run_status), so the
 conditions kstatus reads cannot drift from what the operator writes.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleettune.status import run_status, target_status
+from fleettune.rollup import run_status, target_status
 from fleettune_dev.cluster.kstatus import compute
 
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from fleettune.fingerprint import NodeFingerprint
-from fleettune.publish import (
+from fleettune.fingerprint import GpuFingerprint
+from fleettune.published import (
     TUNED_JSON,
     PublishedEntry,
     best_entries,
@@ -20,7 +20,7 @@ from fleettune.publish import (
     safe_key,
 )
 
-OLD = NodeFingerprint(product="NVIDIA-A100-PCIE-40GB", compute_capability="8.0", driver_version="550.54.15",
+OLD = GpuFingerprint(product="NVIDIA-A100-PCIE-40GB", compute_capability="8.0", driver_version="550.54.15",
                       cuda_runtime_version="12.4")
 NEW = OLD.model_copy(update={"driver_version": "560.35.03"})
 

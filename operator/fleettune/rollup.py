@@ -1,4 +1,5 @@
-"""Compute the bounded TuningRun status from the records (pure).
+"""The bounded TuningRun status rolled up from the records (pure; its model is
+`fleettune.api.status`, writing it is `fleettune.controller.reporting`'s).
 
 Whatever the number of trials, the status holds counters, the best and top-k
 configurations per pool, the fingerprint measured on, and conditions with

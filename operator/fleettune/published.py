@@ -1,5 +1,6 @@
 """The published ConfigMap: the best configuration per pool and problem size, for
-applications to read at start-up (pure: builds the object, decides whether to write).
+applications to read at start-up (pure: builds the object, decides whether to write;
+writing it is `fleettune.controller.publisher`'s).
 
 Data keys:
 
@@ -43,8 +44,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from fleettune.fingerprint import GpuFingerprint, fingerprint_key
 from fleettune.labels import MANAGED_BY, MANAGER, PUBLISHED_BY, PUBLISHED_BY_RUN, PUBLISHED_BY_UID
-from fleettune.sizes import ProblemSize
-from fleettune.sizes import size_key as size_key  # importers of publish.size_key: use fleettune.sizes
+from fleettune.sizes import ProblemSize, size_key
 
 TUNED_JSON = "tuned.json"
 SCHEMA = "fleettune.dev/tuned/v1"

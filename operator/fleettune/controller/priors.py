@@ -1,5 +1,6 @@
-"""Results a user already has (`spec.warmStart`: Kernel Tuner caches, T4 files in
-ConfigMaps) as warm-start observations for the pools (pure).
+"""Priors: results a user already has (`spec.warmStart`: Kernel Tuner caches, T4 files in
+ConfigMaps) as warm-start observations for the pools (pure; how a study uses them is
+`fleettune.optimize.warm`'s).
 
 Read once per spec generation; a missing ConfigMap or key is waited for (GitOps may apply
 it after the run), a file that cannot be read is an error naming the field. Either is read
