@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from fleettune_job import runner
+from fleettune_job import gpu, runner
 from fleettune_job.classify import Phase, classify
 from fleettune_job.fingerprint import device_limits
 from fleettune_job.protocol import TRIAL_ENV, Batch, Fingerprint, Trial, TrialResult, infra_failure
@@ -61,8 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         progress(Phase.DEVICE, Fingerprint())
         try:
-            cupy = runner.load_cupy()
-            fingerprint = runner.describe_device(cupy)
+            cupy = gpu.load_cupy()
+            fingerprint = gpu.describe_device(cupy)
             limits = device_limits(cupy)
         except Exception as exc:
             send(out, {"error": classify(exc, Phase.DEVICE)[1]})
@@ -84,7 +84,7 @@ def run_command(line: str, trials: dict[int, Trial], progress: runner.Progress,
         cubins = {key: (str(path), float(seconds)) for key, (path, seconds) in command.get("cubins", {}).items()}
     except (ValueError, KeyError, TypeError) as exc:
         return -1, infra_failure(f"batch worker got an invalid command: {exc!r}")
-    runner.use_cubins(cubins)
+    gpu.use_cubins(cubins)
     return index, runner.run_trial(trial, progress=progress, fingerprint=fingerprint)
 
 

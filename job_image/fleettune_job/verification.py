@@ -112,7 +112,7 @@ def outputs_mismatch(got: Mapping[str, Any], expected: Mapping[str, Any], output
 def reference(cupy: Any, problem: Problem, inputs: Mapping[str, Any], problem_size: Sequence[int]) -> Any:
     """The problem's expected output (float64), by its kernel in verify.cu when it has one."""
     module = load(cupy) if problem.reference_kernel else None
-    arrays = list(inputs.values())  # in the problem's input order (runner._draw)
+    arrays = list(inputs.values())  # in the problem's input order (kept.draw)
     shape = tuple(int(n) for n in problem.output(problem_size).shape)
     if (module is None or len(shape) != 2 or not 1 <= len(arrays) <= 2
             or any(a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous for a in arrays)

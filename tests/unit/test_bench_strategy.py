@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from test_bench_warmstart import write_cache
 
-from fleettune_dev.bench.strategy import family, format_variant_comparison, main, paired_by_family
+from fleettune_dev.bench.strategy import family, main, paired_by_family
+from fleettune_dev.bench.strategy_tables import format_variant_comparison
 
 
 def runs(levels: dict[str, list[float]], budget: int = 20) -> dict[str, dict[int, np.ndarray]]:

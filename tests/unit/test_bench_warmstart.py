@@ -11,17 +11,13 @@ import numpy as np
 import pytest
 
 from fleettune_dev.bench.strategy import family, load_replay, parse_options, run_once
-from fleettune_dev.bench.warmstart import (
-    drive,
-    evals_to,
+from fleettune_dev.bench.warmstart import main, ordered_pairs
+from fleettune_dev.bench.warmstart_run import drive, evals_to, run_seed, study_for
+from fleettune_dev.bench.warmstart_summary import (
     format_ordered_summary,
     format_reach,
-    main,
-    ordered_pairs,
     ordered_summary,
-    run_seed,
     seed_spread,
-    study_for,
     summarise,
 )
 
@@ -257,7 +253,7 @@ def test_a_variant_is_judged_against_the_baseline_on_the_same_seeds(
     """`--variant`: the source runs as the baseline's, once per seed; the warm and cold
     studies run with the variant's options, except that a variant of warm-only options
     keeps the baseline's cold runs; both settings' rows are traced and resumed."""
-    import fleettune_dev.bench.warmstart as ws
+    import fleettune_dev.bench.warmstart_run as ws
 
     src, tgt = caches
     calls: list[tuple[str, dict[str, object]]] = []

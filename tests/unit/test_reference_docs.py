@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fleettune_dev import refdocs
+from fleettune_dev import refdocs, refdocs_cli, refdocs_markdown
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "reference"
 
@@ -39,7 +39,7 @@ def test_the_pages_carry_no_machine_paths() -> None:
     """Defaults computed from the home directory or the checkout are written as the docs
     say them, so that the pages are the same on every machine."""
     text = "".join(refdocs.render_all().values())
-    for path in (Path.home(), refdocs.ROOT):
+    for path in (Path.home(), refdocs_markdown.ROOT):
         assert str(path) + "/" not in text and f"`{path}`" not in text
 
 
@@ -53,7 +53,7 @@ def test_reading_a_commands_parser_runs_nothing() -> None:
         ran.append(argv)
         return 0
 
-    parser = refdocs.command_parser(main)
+    parser = refdocs_cli.command_parser(main)
     assert parser.prog == "fleettune example" and not ran
     assert argparse.ArgumentParser.parse_known_args is not None
     assert argparse.ArgumentParser(prog="x").parse_args([]) == argparse.Namespace()  # restored

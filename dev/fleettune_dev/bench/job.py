@@ -52,7 +52,7 @@ STARTUP_PROBE = (
 def gpu_missing_reason() -> str | None:
     """None when cupy finds a usable CUDA device, else why not (the job image's own check)."""
     from fleettune_job.classify import NoGpu
-    from fleettune_job.runner import load_cupy
+    from fleettune_job.gpu import load_cupy
 
     try:
         load_cupy()
@@ -63,7 +63,7 @@ def gpu_missing_reason() -> str | None:
 
 def device_name() -> str:
     from fleettune_job.fingerprint import device_fingerprint
-    from fleettune_job.runner import load_cupy
+    from fleettune_job.gpu import load_cupy
 
     return device_fingerprint(load_cupy()).product
 
@@ -236,7 +236,7 @@ def summarise(batch: Sequence[Measured], batch_wall: float, startup_s: float,
         "batch_timed_gpu_s_per_eval": sum(m.gpu_s for m in batch) / n,
         "batch_compile_s_median": float(np.median([m.compile_s for m in batch])) if batch else float("nan"),
         # What compiles at first use would cost the first configuration (the worker compiles
-        # the verification kernels in its set-up, runner.warm_verification): its run_s
+        # the verification kernels in its set-up, warmup.warm_verification): its run_s
         # against the others'.
         "batch_first_run_s": batch[0].gpu_s if batch else float("nan"),
         "batch_rest_run_s_median": float(np.median([m.gpu_s for m in batch[1:]])) if n > 1 else float("nan"),

@@ -29,10 +29,18 @@ from fleettune_dev.bench.replay import (
     random_expectation,
     restrict,
 )
+from fleettune_dev.bench.strategy_latency import latency_report
+from fleettune_dev.bench.strategy_tables import (
+    format_batch_comparison,
+    format_table,
+    format_variant_comparison,
+    save_plot,
+)
 from fleettune_job.protocol import Outcome
 
-Answer = Callable[[dict], tuple[Outcome, float | None]]
 CHECKPOINTS = (20, 40, 60, 100, 150, 220)
+
+
 @dataclass
 class RunTrace:
     best: np.ndarray  # (budget,) best valid time after each evaluation (inf before any)
@@ -202,179 +210,6 @@ def paired_by_family(
     return out
 
 
-def format_variant_comparison(rows: list[dict[str, Any]], label: str) -> str:
-    """`paired_by_family` as a table: baseline → variant (paired difference ± standard error)."""
-    if not rows:
-        return ""
-    marks = list(rows[0]["baseline"])
-    head = ["family", "spaces", "seeds", *[f"@{m}" for m in marks]]
-    lines = [f"### {label} (mean fraction of optimum, baseline → variant; paired difference per seed ± standard "
-             "error)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        name = "**all**" if r["family"] == "all" else r["family"]
-        cells = [name, str(r["spaces"]), str(r["seeds"])]
-        for m in marks:
-            se = r["standard_error"][m]
-            cells.append(f"{r['baseline'][m]:.3f} → {r['variant'][m]:.3f} ({r['difference'][m]:+.3f}"
-                         + (f" ± {se:.3f})" if math.isfinite(se) else ")"))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def format_table(results: list[dict[str, Any]]) -> str:
-    if not results:
-        return ""
-    marks = list(results[0]["fraction"])
-    head = ["space", "strategy", "seeds", *[f"@{m}" for m in marks], "→0.95", "→0.99", "invalid", "ms/sugg"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        cells = [r["space"], r["strategy"], str(r["seeds"])]
-        cells += [f"{r['fraction'][m]:.3f} ± {r['fraction_std'][m]:.3f}" for m in marks]
-        cells += [f"{r['evals_to_0.95']:.0f}", f"{r['evals_to_0.99']:.0f}", f"{r['invalid_evals']:.1f}"]
-        cells += [f"{r['ms_per_suggestion_median']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-        if "random" in r:
-            lines.append(f"| | {RANDOM} | | " + " | ".join(_versus(r, m) for m in marks) + " | | | | |")
-    if len(results) > 1:
-        mean = [float(np.mean([r["fraction"][m] for r in results])) for m in marks]
-        lines.append("| **mean** | | | " + " | ".join(f"{v:.3f}" for v in mean) + " | | | | |")
-        if all("random" in r for r in results):
-            mean = [float(np.mean([r["random"][m] for r in results])) for m in marks]
-            lines.append(f"| | {RANDOM} | | " + " | ".join(f"{v:.3f}" for v in mean) + " | | | | |")
-    return "\n".join(lines)
-
-
-RANDOM = "uniform random (expected)"
-
-
-def _versus(result: dict[str, Any], mark: str) -> str:
-    """Random sampling's expected fraction, marked where the strategy's mean is below it."""
-    below = result["fraction"][mark] < result["random"][mark]
-    return f"{'**' if below else ''}{result['random'][mark]:.3f}{'** (ahead of the strategy)' if below else ''}"
-
-
-def save_plot(result: dict[str, Any], directory: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    curve = result["_curve"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(range(1, len(curve) + 1), curve, label=result["strategy"])
-    ax.set_xlabel("unique evaluations")
-    ax.set_ylabel("fraction of optimum (mean over seeds)")
-    ax.set_title(result["space"])
-    ax.set_ylim(min(0.5, min(curve) if curve else 0.5), 1.005)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    out = directory / f"{result['space'].split('.')[0]}-{result['strategy']}.png"
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return out
-
-
-def _time_suggestions(study: Any, answer: Answer, k: int, cpu: list[float] | None = None) -> list[float]:
-    """Wall milliseconds per suggest(1), observing each answer as a live study would;
-    CPU milliseconds go to ``cpu`` (on a shared machine, wall time measures the neighbours)."""
-    out = []
-    for _ in range(k):
-        t0, c0 = time.perf_counter(), time.process_time()
-        (config,) = study.suggest(1)
-        out.append(1000.0 * (time.perf_counter() - t0))
-        if cpu is not None:
-            cpu.append(1000.0 * (time.process_time() - c0))
-        study.observe(config, *answer(config))
-    return out
-
-
-def _naive_botorch_ms(study: Any, n_score: int) -> float:
-    """The baseline being engineered away: BoTorch's generic posterior + LogEI on every
-    candidate (hyperparameter fitting not counted)."""
-    import torch
-    from botorch.acquisition.analytic import LogExpectedImprovement
-    from botorch.models import SingleTaskGP
-
-    h = study.history
-    ok = np.isfinite(h.value)
-    y = np.log(h.value[ok])
-    y = (y - y.mean()) / y.std()
-    model = SingleTaskGP(torch.as_tensor(h.x[ok]), torch.as_tensor(y).unsqueeze(-1), outcome_transform=None)
-    model.eval()
-    acq = LogExpectedImprovement(model, best_f=float(y.min()), maximize=False)
-    xc = torch.as_tensor(study.candidates.x[:n_score])
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for s in range(0, len(xc), 4096):
-            acq(xc[s : s + 4096].unsqueeze(1))
-    return 1000.0 * (time.perf_counter() - t0)
-
-
-def _synthetic_space(n_params: int = 6, n_values: int = 10) -> tuple[Any, Answer]:
-    """10^6 configurations: a smooth landscape with a failing corner (for latency only)."""
-    from fleettune.space import SearchSpace
-
-    params = [{"name": f"p{i}", "type": "integer", "range": {"min": 1, "max": n_values}} for i in range(n_params)]
-    space = SearchSpace.from_spec(params, [])
-
-    def answer(c: dict) -> tuple[Outcome, float | None]:
-        v = [c[f"p{i}"] / n_values for i in range(n_params)]
-        if v[0] * v[1] > 0.6:
-            return Outcome.COMPILE_ERROR, None
-        return Outcome.OK, 1.0 + sum((x - 0.3 - 0.07 * i) ** 2 for i, x in enumerate(v))
-
-    return space, answer
-
-
-def latency_report(args: argparse.Namespace, loader: Callable[[str], Replay], options: dict[str, Any]) -> str:
-    from fleettune.optimize import Study, split_settings
-
-    lines = [f"torch threads: {args.threads}"]
-    rng = np.random.default_rng(0)
-    k = 15
-    if args.cache:
-        replay = loader(args.cache[0])
-        study = Study(replay.space, "bayes", seed=0, candidates=replay.rows, **split_settings("bayes", options))
-
-        def answer(config: dict) -> tuple[Outcome, float | None]:
-            c = int(study.candidates.lookup(np.asarray(replay.space.to_rows([config]), dtype=np.int32))[0])
-            t = replay.time_ms[c]
-            return (Outcome.OK, float(t)) if math.isfinite(t) else (Outcome.RUNTIME_ERROR, None)
-
-        for c in rng.choice(len(replay.rows), 220, replace=False):
-            config = replay.space.to_configs(replay.rows[c : c + 1])[0]
-            study.observe(config, *answer(config))
-        cpu: list[float] = []
-        ms = _time_suggestions(study, answer, k, cpu)
-        naive = _naive_botorch_ms(study, len(replay.rows))
-        lines.append(
-            f"{replay.name}: {len(replay.rows)} candidates, 220 observations: suggest(1) median "
-            f"{statistics.median(ms):.1f} ms wall, {statistics.median(cpu):.1f} ms CPU "
-            f"(min {min(ms):.1f}, max {max(ms):.1f}, {k} calls; the first rebuilds the fits); "
-            f"naive BoTorch LogEI over all candidates: {naive:.0f} ms"
-        )
-    space, answer = _synthetic_space()
-    t0 = time.perf_counter()
-    study = Study(space, "bayes", seed=0, **split_settings("bayes", options))
-    init_s = time.perf_counter() - t0
-    n_cand = len(study.candidates)
-    for row in study.candidates.rows[rng.choice(n_cand, 220, replace=False)]:
-        config = space.to_configs(row.reshape(1, -1))[0]
-        study.observe(config, *answer(config))
-    cpu2: list[float] = []
-    ms = _time_suggestions(study, answer, k, cpu2)
-    part = 50_000
-    naive = _naive_botorch_ms(study, part) * n_cand / part
-    lines.append(
-        f"synthetic {n_cand} candidates, 220 observations: suggest(1) median {statistics.median(ms):.1f} ms "
-        f"wall, {statistics.median(cpu2):.1f} ms CPU (min {min(ms):.1f}, max {max(ms):.1f}); "
-        f"study set-up {init_s:.1f} s once; "
-        f"naive BoTorch LogEI over all candidates: ~{naive / 1000:.1f} s (extrapolated from {part})"
-    )
-    return "\n".join(lines)
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleettune bench strategy", description=__doc__)
     p.add_argument("--cache", action="append", default=[], help="Kernel Tuner cache file (repeatable)")
@@ -448,36 +283,6 @@ def _trace_key(
         share: bool | float = True if RAMP_SHARE == 1 else RAMP_SHARE
         extra = [{"batch": batch, "gpus": gpus, **({"ramp": share} if ramp else {})}]
     return json.dumps([space, strategy, seed, budget, options, *extra], sort_keys=True)
-
-
-BATCH_TARGET = 0.01  # target: batched search quality within this of sequential at 100 evaluations
-
-
-def format_batch_comparison(batched: list[dict[str, Any]], sequential: list[dict[str, Any]], budget: int) -> str:
-    """Fraction of optimum, batched minus sequential, per space and checkpoint; the target line."""
-    seq = {r["space"]: r for r in sequential}
-    pairs = [(b, seq[b["space"]]) for b in batched if b["space"] in seq]
-    if not pairs:
-        return ""
-    marks = list(pairs[0][0]["fraction"])
-    at = "100" if "100" in marks else marks[-1]
-    head = ["space", *[f"Δ@{m}" for m in marks], f"sequential @{at}", f"batched @{at}"]
-    lines = [f"### {pairs[0][0]['strategy']} vs sequential (fraction of optimum, batched − sequential)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for b, s in pairs:
-        cells = [b["space"], *[f"{b['fraction'][m] - s['fraction'][m]:+.3f}" for m in marks]]
-        cells += [f"{s['fraction'][at]:.3f}", f"{b['fraction'][at]:.3f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    delta = float(np.mean([b["fraction"][at] - s["fraction"][at] for b, s in pairs]))
-    mean_d = [float(np.mean([b["fraction"][m] - s["fraction"][m] for b, s in pairs])) for m in marks]
-    lines.append("| **mean** | " + " | ".join(f"{v:+.3f}" for v in mean_d) + " | | |")
-    worst = min(pairs, key=lambda p: p[0]["fraction"][at] - p[1]["fraction"][at])
-    verdict = "met" if delta >= -BATCH_TARGET else "MISSED"
-    lines += ["", f"target (batched vs sequential): mean fraction of optimum at {at} evaluations within "
-              f"{BATCH_TARGET} of "
-              f"sequential: {delta:+.3f} — {verdict} (worst space {worst[0]['space']}: "
-              f"{worst[0]['fraction'][at] - worst[1]['fraction'][at]:+.3f})"]
-    return "\n".join(lines)
 
 
 def _load_traces(path: Path | None) -> dict[str, RunTrace]:

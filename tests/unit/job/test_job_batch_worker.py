@@ -15,7 +15,7 @@ import pytest
 from cuda_fakes import CUDADriverError, CUDARuntimeError
 from test_job_runner import FakeCupy, scan_correct, trial
 
-from fleettune_job import batch_worker, fingerprint, runner, verification
+from fleettune_job import batch_worker, fingerprint, gpu, runner, verification
 from fleettune_job.prepare import prepare
 from fleettune_job.protocol import TRIAL_ENV, Batch, Entry, KernelRef, Outcome, decode
 
@@ -44,8 +44,8 @@ class CubinCupy(FakeCupy):
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_MODULES", {})
-    monkeypatch.setattr(runner, "_CUBINS", {})
+    monkeypatch.setattr(gpu, "_MODULES", {})
+    monkeypatch.setattr(gpu, "_CUBINS", {})
     # The array code verifies here: only the trial's own modules count as compiled.
     monkeypatch.setattr(verification, "_MODULE", {"module": None})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
@@ -53,9 +53,9 @@ def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_cubin_compiled_ahead_is_loaded_not_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = CubinCupy(scan_correct)
-    monkeypatch.setattr(runner, "load_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "load_cupy", lambda: fake)
     work = trial()
-    runner.use_cubins({prepare(work).key: ("/tmp/ahead/k.cubin", 0.4)})
+    gpu.use_cubins({prepare(work).key: ("/tmp/ahead/k.cubin", 0.4)})
     result = runner.run_trial(work)
     assert result.outcome == Outcome.OK, result.error
     assert fake.loaded == ["/tmp/ahead/k.cubin"] and fake.compiled == 0
@@ -64,9 +64,9 @@ def test_a_cubin_compiled_ahead_is_loaded_not_compiled(monkeypatch: pytest.Monke
 
 def test_a_cubin_that_does_not_load_is_compiled_here(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = CubinCupy(scan_correct, bad_cubin=True)
-    monkeypatch.setattr(runner, "load_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "load_cupy", lambda: fake)
     work = trial()
-    runner.use_cubins({prepare(work).key: ("/tmp/ahead/k.cubin", 0.4)})
+    gpu.use_cubins({prepare(work).key: ("/tmp/ahead/k.cubin", 0.4)})
     result = runner.run_trial(work)
     assert result.outcome == Outcome.OK, result.error
     assert fake.loaded == ["/tmp/ahead/k.cubin"] and fake.compiled == 1
@@ -75,7 +75,7 @@ def test_a_cubin_that_does_not_load_is_compiled_here(monkeypatch: pytest.MonkeyP
 
 def test_a_fault_after_the_first_launch_still_says_how_long_the_gpu_was_busy(monkeypatch: pytest.MonkeyPatch) -> None:
     err = CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
-    monkeypatch.setattr(runner, "load_cupy", lambda: FakeCupy(scan_correct, sync_error=err))
+    monkeypatch.setattr(gpu, "load_cupy", lambda: FakeCupy(scan_correct, sync_error=err))
     result = runner.run_trial(trial())
     assert result.outcome == Outcome.RUNTIME_ERROR and result.run_s is not None
 
@@ -89,9 +89,9 @@ def run_worker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, work: Batch, com
         def no_gpu() -> Any:
             raise NoGpu("no GPU: no CUDA device is visible to this container")
 
-        monkeypatch.setattr(runner, "load_cupy", no_gpu)
+        monkeypatch.setattr(gpu, "load_cupy", no_gpu)
     else:
-        monkeypatch.setattr(runner, "load_cupy", lambda: fake)
+        monkeypatch.setattr(gpu, "load_cupy", lambda: fake)
     monkeypatch.setenv(TRIAL_ENV, work.to_env())
     monkeypatch.setattr(sys, "stdin", io.StringIO("".join(json.dumps(c) + "\n" for c in commands)))
     read_fd, write_fd = os.pipe()

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fleettune_job.kept import DATA_SEED
 from fleettune_job.kernels.base import compare
 from fleettune_job.prepare import Prepared, prepare
 from fleettune_job.protocol import KernelRef, Trial
-from fleettune_job.runner import DATA_SEED
 
 EMU = Path(__file__).resolve().parent / "emu"
 CXX = shutil.which("g++") or shutil.which("clang++")

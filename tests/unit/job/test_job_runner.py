@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError, device_empty, device_empty_like
 
-from fleettune_job import fingerprint, runner, verification
+from fleettune_job import fingerprint, gpu, kept, runner, verification, warmup
 from fleettune_job.classify import NoGpu, Phase
 from fleettune_job.kernels import BUILTINS
 from fleettune_job.protocol import KernelRef, Outcome, Trial, decode
@@ -113,17 +113,17 @@ def trial(name: str = "scan", config: dict[str, Any] | None = None, problem_size
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_MODULES", {})
-    monkeypatch.setattr(runner, "_DATA", {})
-    monkeypatch.setattr(runner, "_REFERENCE", {})
-    monkeypatch.setattr(runner, "_WARMED", set())
+    monkeypatch.setattr(gpu, "_MODULES", {})
+    monkeypatch.setattr(kept, "_DATA", {})
+    monkeypatch.setattr(kept, "_REFERENCE", {})
+    monkeypatch.setattr(warmup, "_WARMED", set())
     monkeypatch.setattr(verification, "_MODULE", {})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
 
 
 def use(monkeypatch: pytest.MonkeyPatch, fake: FakeCupy) -> FakeCupy:
-    monkeypatch.setattr(runner, "load_cupy", lambda: fake)
-    monkeypatch.setattr(runner, "_MODULES", {})  # modules of an earlier fake must not be reused
+    monkeypatch.setattr(gpu, "load_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "_MODULES", {})  # modules of an earlier fake must not be reused
     return fake
 
 
@@ -148,8 +148,8 @@ def test_a_pruned_trial_reports_the_launches_it_got(monkeypatch: pytest.MonkeyPa
     assert result.outcome == Outcome.OK and result.objective == 1.5 and result.times == [1.5] * 3
     assert result.pruned and fake.kernel.calls == 1 + 2 + 3
     assert decode(result.encode()).pruned
-    kept = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0))
-    assert kept.times == [1.5] * 7 and kept.pruned is None
+    not_pruned = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0))
+    assert not_pruned.times == [1.5] * 7 and not_pruned.pruned is None
 
 
 def scan_wrong(grid: Any, block: Any, args: tuple[Any, ...]) -> None:
@@ -164,8 +164,8 @@ def test_a_pruned_configuration_is_not_verified(monkeypatch: pytest.MonkeyPatch)
     assert pruned.outcome == Outcome.OK and pruned.pruned and pruned.objective == 1.5
     assert Phase.VERIFY not in phases and fake.kernel.calls == 1 + 2 + 3
     # Not pruned: verified after the first three timed launches, and found wrong.
-    kept = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0))
-    assert kept.outcome == Outcome.CORRECTNESS_ERROR and "wrong result" in kept.error
+    not_pruned = runner.run_trial(trial(warmups=2, repeats=7, prune_above_ms=2.0))
+    assert not_pruned.outcome == Outcome.CORRECTNESS_ERROR and "wrong result" in not_pruned.error
     assert fake.kernel.calls == (1 + 2 + 3) * 2
     # With nothing to prune, verified before timing, as always.
     never = runner.run_trial(trial(warmups=2, repeats=7))
@@ -244,15 +244,15 @@ def _counting(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[int
 
 def test_one_problem_is_drawn_once_and_its_reference_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, FakeCupy(scan_correct))
-    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, nbytes: True)
-    monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)  # its own draws
+    monkeypatch.setattr(kept, "fits_beside", lambda cupy, nbytes: True)
+    monkeypatch.setattr(warmup, "warm_verification", lambda cupy, prepared: None)  # its own draws
     problem = type(BUILTINS["scan"].problem)
     fills, references = _counting(monkeypatch, problem, "fill"), _counting(monkeypatch, problem, "reference")
     for _ in range(3):
         assert runner.run_trial(trial()).outcome == Outcome.OK
     assert (fills[0], references[0]) == (1, 1)
     assert runner.run_trial(trial(problem_size=[32, 5])).outcome == Outcome.OK  # another problem
-    assert (fills[0], references[0]) == (2, 2) and len(runner._DATA) == len(runner._REFERENCE) == 1
+    assert (fills[0], references[0]) == (2, 2) and len(kept._DATA) == len(kept._REFERENCE) == 1
 
 
 def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,14 +261,14 @@ def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monk
         args[1][...] = 0  # its own input: the next configuration still gets the problem's data
 
     use(monkeypatch, FakeCupy(scribbler))
-    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, nbytes: True)
-    monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)
+    monkeypatch.setattr(kept, "fits_beside", lambda cupy, nbytes: True)
+    monkeypatch.setattr(warmup, "warm_verification", lambda cupy, prepared: None)
     assert runner.run_trial(trial()).outcome == Outcome.CORRECTNESS_ERROR
     use(monkeypatch, FakeCupy(scan_correct))
     assert runner.run_trial(trial()).outcome == Outcome.OK
     # A kept reference written over: the configuration is checked again on a fresh one.
-    (kept,) = runner._REFERENCE.values()
-    kept[...] = 0
+    (reference,) = kept._REFERENCE.values()
+    reference[...] = 0
     references = _counting(monkeypatch, type(BUILTINS["scan"].problem), "reference")
     assert runner.run_trial(trial()).outcome == Outcome.OK and references[0] == 1
     assert runner.run_trial(trial()).outcome == Outcome.OK and references[0] == 1  # the fresh one is kept
@@ -279,21 +279,21 @@ def test_what_a_faulty_kernel_overwrites_never_fails_the_next_configuration(monk
 
 def test_data_larger_than_the_cap_is_drawn_again_for_each_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, FakeCupy(scan_correct))
-    monkeypatch.setattr(runner, "warm_verification", lambda cupy, prepared: None)
-    monkeypatch.setattr(runner, "DATA_MAX_BYTES", 64 * 3 * 4 - 1)  # scan's [64, 3] float32 input, less a byte
+    monkeypatch.setattr(warmup, "warm_verification", lambda cupy, prepared: None)
+    monkeypatch.setattr(kept, "DATA_MAX_BYTES", 64 * 3 * 4 - 1)  # scan's [64, 3] float32 input, less a byte
     fills = _counting(monkeypatch, type(BUILTINS["scan"].problem), "fill")
     for _ in range(2):
         assert runner.run_trial(trial()).outcome == Outcome.OK
-    assert fills[0] == 2 and not runner._DATA
+    assert fills[0] == 2 and not kept._DATA
 
 
 def test_a_reference_too_large_for_the_free_memory_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = use(monkeypatch, FakeCupy(scan_correct))
     fake.cuda.runtime.memGetInfo = lambda: (4 * 192 * 8 - 1, 1 << 30)  # scan's float64 reference: 192 x 8 bytes
     fake.get_default_memory_pool = lambda: SimpleNamespace(free_bytes=lambda: 0)
-    assert runner.run_trial(trial()).outcome == Outcome.OK and not runner._REFERENCE
+    assert runner.run_trial(trial()).outcome == Outcome.OK and not kept._REFERENCE
     fake.cuda.runtime.memGetInfo = lambda: (4 * 192 * 8, 1 << 30)
-    assert runner.run_trial(trial()).outcome == Outcome.OK and len(runner._REFERENCE) == 1
+    assert runner.run_trial(trial()).outcome == Outcome.OK and len(kept._REFERENCE) == 1
 
 
 def test_verification_kernels_compile_before_the_first_launch_once_per_process(
@@ -337,7 +337,7 @@ def test_no_gpu_is_an_infrastructure_error(monkeypatch: pytest.MonkeyPatch) -> N
     def no_gpu() -> Any:
         raise NoGpu("no GPU: no CUDA device is visible to this container")
 
-    monkeypatch.setattr(runner, "load_cupy", no_gpu)
+    monkeypatch.setattr(gpu, "load_cupy", no_gpu)
     result = runner.run_trial(trial())
     assert result.outcome == Outcome.INFRA_ERROR
     assert result.error.startswith("no GPU")
@@ -345,7 +345,7 @@ def test_no_gpu_is_an_infrastructure_error(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_load_cupy_on_this_machine_says_why_there_is_no_gpu() -> None:
     try:
-        runner.load_cupy()
+        gpu.load_cupy()
     except NoGpu as exc:
         assert str(exc).startswith("no GPU")
     else:

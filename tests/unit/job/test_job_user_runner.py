@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from cuda_fakes import CompileException, CUDADriverError, CUDARuntimeError, device_empty, device_empty_like
 
-from fleettune_job import fingerprint, runner, verification
+from fleettune_job import fingerprint, gpu, kept, runner, verification, warmup
 from fleettune_job.classify import Phase
 from fleettune_job.kernels.base import compare
 from fleettune_job.protocol import Argument, KernelRef, Outcome, Trial, Verification
@@ -194,9 +194,9 @@ def builds() -> dict[tuple[str, tuple[str, ...], str], Path]:
 def emu(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory,
         builds: dict[tuple[str, tuple[str, ...], str], Path]) -> EmuCupy:
     fake = EmuCupy(tmp_path_factory.mktemp("emu"), builds)
-    monkeypatch.setattr(runner, "load_cupy", lambda: fake)
-    monkeypatch.setattr(runner, "_MODULES", {})
-    monkeypatch.setattr(runner, "_WARMED", set())
+    monkeypatch.setattr(gpu, "load_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "_MODULES", {})
+    monkeypatch.setattr(warmup, "_WARMED", set())
     monkeypatch.setattr(verification, "_MODULE", {})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
     return fake
@@ -240,7 +240,7 @@ def test_a_correct_configuration_is_verified_against_the_reference_and_timed(emu
 def test_the_outputs_are_compared_by_the_jobs_own_kernels_compiled_once_before_the_first_launch(
         emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compared: list[str] = []
-    monkeypatch.setattr(runner, "compare", lambda *a, **kw: compared.append("array code"))
+    monkeypatch.setattr(warmup, "compare", lambda *a, **kw: compared.append("array code"))
     modules: list[str] = []
     original = emu.RawModule
 
@@ -270,16 +270,16 @@ def test_an_output_type_verify_cu_does_not_cover_is_compared_by_the_array_code(
 
 def test_the_reference_configurations_outputs_are_kept_and_checked_again_on_a_mismatch(
         emu: EmuCupy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner, "_fits_beside", lambda cupy, nbytes: True)
-    monkeypatch.setattr(runner, "_DATA", {})
-    monkeypatch.setattr(runner, "_REFERENCE", {})
+    monkeypatch.setattr(kept, "fits_beside", lambda cupy, nbytes: True)
+    monkeypatch.setattr(kept, "_DATA", {})
+    monkeypatch.setattr(kept, "_REFERENCE", {})
     reference = ("vadd", ("-DBLOCK=128", f"-Dproblem_size_0={N}"))
     assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 64})).outcome == Outcome.OK
     assert emu.launches.count(reference) == 1
     assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 32})).outcome == Outcome.OK
     assert emu.launches.count(reference) == 1, "the second configuration is checked against the kept outputs"
     # Kept outputs written over (a faulty kernel): checked again against a fresh reference run.
-    for array in next(iter(runner._REFERENCE.values())).values():
+    for array in next(iter(kept._REFERENCE.values())).values():
         array[...] = -1
     assert runner.run_trial(user_trial(tmp_path, {"BLOCK": 64})).outcome == Outcome.OK
     assert emu.launches.count(reference) == 2
@@ -332,8 +332,8 @@ def test_a_pruned_user_configuration_is_not_verified(emu: EmuCupy, tmp_path: Pat
     result = runner.run_trial(wrong)
     assert result.outcome == Outcome.OK and result.pruned, result.error
     assert len(emu.launches) == 1 + 1 + 3  # no reference run
-    kept = runner.run_trial(wrong.model_copy(update={"prune_above_ms": 1.0}))
-    assert kept.outcome == Outcome.CORRECTNESS_ERROR and "wrong result in c" in kept.error
+    not_pruned = runner.run_trial(wrong.model_copy(update={"prune_above_ms": 1.0}))
+    assert not_pruned.outcome == Outcome.CORRECTNESS_ERROR and "wrong result in c" in not_pruned.error
 
 
 def test_the_reference_configuration_itself_is_not_compared(emu: EmuCupy, tmp_path: Path) -> None:

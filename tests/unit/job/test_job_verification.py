@@ -11,9 +11,9 @@ import pytest
 from test_job_user_runner import CXX, EmuCupy
 
 from fleettune_job import nvrtc, verification
+from fleettune_job.kept import DATA_SEED
 from fleettune_job.kernels import BUILTINS
 from fleettune_job.kernels.base import compare
-from fleettune_job.runner import DATA_SEED
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the CUDA emulation")
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_job_user_runner import CXX, EmuCupy
 
-from fleettune_job import batch, fingerprint, runner, verification
+from fleettune_job import batch, fingerprint, gpu, runner, verification, warmup
 from fleettune_job.protocol import Argument, Batch, Entry, KernelRef, Outcome, Trial, Verification
 
 N = 1000
@@ -107,9 +107,9 @@ emulated = pytest.mark.skipif(CXX is None, reason="no C++ compiler to build the 
 @pytest.fixture
 def emu(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> EmuCupy:
     fake = EmuCupy(tmp_path_factory.mktemp("emu"), _BUILDS)
-    monkeypatch.setattr(runner, "load_cupy", lambda: fake)
-    monkeypatch.setattr(runner, "_MODULES", {})
-    monkeypatch.setattr(runner, "_WARMED", set())
+    monkeypatch.setattr(gpu, "load_cupy", lambda: fake)
+    monkeypatch.setattr(gpu, "_MODULES", {})
+    monkeypatch.setattr(warmup, "_WARMED", set())
     monkeypatch.setattr(verification, "_MODULE", {})
     monkeypatch.setattr(fingerprint, "nvml_driver_version", lambda: "550.54.15")
     return fake

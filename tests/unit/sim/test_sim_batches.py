@@ -16,8 +16,8 @@ from fleettune_dev.cluster.fleet import NodePool, default_fleet
 from fleettune_dev.sim import FleetSimulator, PodStartup
 from fleettune_dev.sim.answer import DEFAULT_COMPILE_S, Answer, answer_trial
 from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots, timeline
+from fleettune_dev.sim.kubelet import KILLED_EXIT_CODE
 from fleettune_dev.sim.recordings import Measurement, RecordedKernel, Recording, compact_recording, load_recording
-from fleettune_dev.sim.simulator import KILLED_EXIT_CODE
 from fleettune_job.protocol import (
     EXIT_STOPPED_EARLY,
     TRIAL_ENV,

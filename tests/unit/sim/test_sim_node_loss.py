@@ -11,7 +11,7 @@ from one_config import batch_env
 
 from fleettune_dev.cluster.fleet import default_fleet
 from fleettune_dev.sim import FleetSimulator
-from fleettune_dev.sim.simulator import _Due
+from fleettune_dev.sim.kubelet import Due
 from fleettune_job.protocol import TRIAL_ENV, Trial
 
 FLEET = default_fleet()
@@ -32,7 +32,7 @@ class FakeCore:
         return SimpleNamespace(data=b"{}")
 
 
-def _due(sim: FleetSimulator, node_uid: str = "node-1") -> _Due:
+def _due(sim: FleetSimulator, node_uid: str = "node-1") -> Due:
     trial = Trial(run="r", target="a100", index=0, kernel={"builtin": "convolution"}, config={},
                   problem_size=[4096, 4096])
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "pod-1"},
@@ -40,7 +40,7 @@ def _due(sim: FleetSimulator, node_uid: str = "node-1") -> _Due:
                {"name": "trial", "image": "t", "env": [{"name": TRIAL_ENV, "value": batch_env(trial)}]}]}}
     answer = sim.answer(pod, FLEET.pool("a100").node_labels("a100-0"))
     sim._running.add("pod-1")
-    due = _Due(at=0.0, seq=0, namespace="ns", name="p", uid="pod-1", node="a100-0", node_uid=node_uid,
+    due = Due(at=0.0, seq=0, namespace="ns", name="p", uid="pod-1", node="a100-0", node_uid=node_uid,
                answer=answer, trial=("ns", "r", "a100", -1), containers=[("trial", "t")], started={})
     sim._batches["pod-1"] = due  # running: its deletion would stop it
     return due

@@ -1,0 +1,158 @@
+"""What a trial Pod on a fake node answers: its batch, entry by entry, on the node's timeline.
+
+:class:`PodAnswers` reads the batch from the Pod's ``FLEETTUNE_TRIAL`` and answers each
+configuration from the node pool's recording or synthetic model of the kernel, or from the
+built-in kernel's own model where nobody recorded it on that GPU; user source is read from
+the Pod's ConfigMap volume and compiled for real with NVRTC, its times synthetic
+(``fleettune_dev.sim.usersource``). Then :func:`~fleettune_dev.sim.batch.answer_batch` lays
+the answers on the batch's timeline. It makes no API call of its own: ConfigMaps come
+through the ``config_maps`` reader the caller passes. Safe to call from several threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from fleettune.labels import POOL_LABEL
+from fleettune_dev.cluster.fleet import Fleet, NodePool
+from fleettune_dev.sim.answer import (
+    DEFAULT_COMPILE_S,
+    Answer,
+    answer_measurement,
+    answer_trial,
+    fingerprint,
+    infra,
+    invalid_configuration,
+)
+from fleettune_dev.sim.batch import BatchAnswer, answer_batch, compile_slots
+from fleettune_dev.sim.builtin import answer_builtin
+from fleettune_dev.sim.podspec import trial_container, trial_env, trial_env_vars
+from fleettune_dev.sim.recordings import KernelModel, RecordedKernel, SyntheticKernel, load_recording
+from fleettune_dev.sim.usersource import (
+    Compiler,
+    ConfigMapReader,
+    SourceUnavailable,
+    compile_defines,
+    launch_geometry,
+    launch_refused,
+    source_location,
+    synthetic_measurement,
+)
+from fleettune_job.kernels import BUILTINS
+from fleettune_job.protocol import TRIAL_ENV, Batch, Outcome, Trial
+
+
+class PodAnswers:
+    """Answers of the trial Pods of ``fleet``'s pools. ``seed`` fixes the synthetic models'
+    noise; ``compile_s``: the simulated compile time of a configuration. ``compiler``
+    compiles user source (its ``compiles`` counts NVRTC runs)."""
+
+    def __init__(self, fleet: Fleet, seed: int = 0, compile_s: float = DEFAULT_COMPILE_S) -> None:
+        self.fleet = fleet
+        self.seed = seed
+        self.compile_s = compile_s
+        self.compiler = Compiler()
+        self._models: dict[tuple[str, str], KernelModel] = {}
+        self._answering = threading.Lock()
+
+    def answer(self, pod: dict[str, Any], node_labels: dict[str, str],
+               config_maps: ConfigMapReader | None = None) -> BatchAnswer:
+        """What a Pod on a node with these labels answers, on its timeline; a Pod whose batch
+        cannot be read stops before its first configuration (an infrastructure failure).
+        ``config_maps`` reads the ConfigMaps of the Pod's namespace (user source); it is the
+        only API access."""
+        text = trial_env(pod)
+        pool_name = node_labels.get(POOL_LABEL)
+        try:
+            pool = self.fleet.pool(pool_name or "")
+        except KeyError:
+            return BatchAnswer.failed(infra(
+                f"node {pod['spec'].get('nodeName')} has no pool of the fleet ({POOL_LABEL}={pool_name})"))
+        if text is None:
+            return BatchAnswer.failed(infra(f"no {TRIAL_ENV} value in the pod's containers", pool, node_labels))
+        try:
+            work = Batch.from_env(text)
+        except ValueError as exc:
+            return BatchAnswer.failed(infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}", pool, node_labels))
+        # Entry by entry (user source is compiled once: the compiler caches its verdicts).
+        answers = [self._answer_trial(pod, trial, pool, node_labels, config_maps) for trial in work.trials()]
+        return answer_batch(work, answers, compile_slots(pool, trial_env_vars(pod)))
+
+    def _answer_trial(self, pod: dict[str, Any], trial: Trial, pool: NodePool, node_labels: dict[str, str],
+                      config_maps: ConfigMapReader | None) -> Answer:
+        if trial.kernel.source_path:
+            return self._answer_source(pod, trial, pool, node_labels, config_maps)
+        kernel = trial.kernel.builtin
+        if kernel is None:
+            return infra("the trial names neither a built-in kernel nor a source_path", pool, node_labels)
+        with self._answering:  # the models (and their noise generators) are not shared between threads
+            model = self.model(pool, kernel)
+            if model is not None:
+                return answer_trial(trial, pool, node_labels, model, compile_s=self.compile_s)
+        desc = BUILTINS.get(kernel)
+        if desc is None:
+            return infra(f"pool {pool.name} has no recording or synthetic model for kernel {kernel!r}, and it is "
+                         f"not a built-in kernel (built-ins: {', '.join(sorted(BUILTINS))})", pool, node_labels)
+        # Nobody recorded this kernel on this GPU: the model of the kernel itself (synthetic).
+        return answer_builtin(trial, pool, node_labels, desc, seed=self.seed, compile_s=self.compile_s)
+
+    def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: NodePool, labels: dict[str, str],
+                       config_maps: ConfigMapReader | None) -> Answer:
+        """User source: read from the Pod's ConfigMap volume, compiled with NVRTC for the
+        node's compute capability, timed by the synthetic model when it compiles."""
+        path = trial.kernel.source_path or ""
+        found = trial_container(pod)
+        assert found is not None  # the trial was read from it
+        try:
+            cm_name, key = source_location(found[0], list((pod.get("spec") or {}).get("volumes") or []), path)
+        except SourceUnavailable as exc:
+            return infra(f"cannot read kernel source {path}: {exc}", pool, labels)
+        if config_maps is None:
+            return infra(f"cannot read kernel source {path}: no API access to ConfigMap {cm_name}", pool, labels)
+        try:
+            data = config_maps(cm_name)
+        except Exception as exc:
+            return infra(f"cannot read kernel source {path}: reading ConfigMap {cm_name}: {exc}", pool, labels)
+        if data is None:
+            return infra(f"cannot read kernel source {path}: ConfigMap {cm_name} not found", pool, labels)
+        if key not in data:
+            return infra(f"cannot read kernel source {path}: ConfigMap {cm_name} has no key {key!r}", pool, labels)
+        if not self.compiler.available():
+            return infra("libnvrtc not found: the simulator compiles user kernel source with NVRTC "
+                         "(pip install nvidia-cuda-nvrtc-cu12, or set FLEETTUNE_NVRTC to libnvrtc.so)", pool, labels)
+        source = data[key]
+        # In the job's order: geometry and defines, the compile, the launch.
+        try:
+            geometry = launch_geometry(trial)
+        except ValueError as exc:
+            return invalid_configuration(Outcome.LAUNCH_ERROR, f"launch geometry: {exc}", pool, labels, compile_s=0)
+        try:
+            defines = compile_defines(trial)
+        except ValueError as exc:
+            return invalid_configuration(Outcome.COMPILE_ERROR, str(exc), pool, labels, compile_s=0)
+        device = fingerprint(pool, labels, synthetic=True)
+        verdict = self.compiler.check(source, defines, trial.kernel.function or "", device.compute_capability)
+        if verdict is not None:
+            return invalid_configuration(Outcome.COMPILE_ERROR, verdict, pool, labels, compile_s=self.compile_s)
+        refused = launch_refused(*geometry) if geometry else None
+        if refused is not None:
+            return invalid_configuration(Outcome.LAUNCH_ERROR, refused, pool, labels, compile_s=self.compile_s)
+        m = synthetic_measurement(source, trial, f"{device.product}/{device.compute_capability}", self.seed)
+        return answer_measurement(trial, pool, labels, m, compile_s=self.compile_s)
+
+    def model(self, pool: NodePool, kernel: str) -> KernelModel | None:
+        key = (pool.name, kernel)
+        if key not in self._models:
+            sim = pool.simulation
+            if kernel in sim.recordings:
+                rec = load_recording(self.fleet.recording_path(sim.recordings[kernel]))
+                self._models[key] = RecordedKernel(rec)
+            elif kernel in sim.synthetic:
+                spec = sim.synthetic[kernel]
+                rec = load_recording(self.fleet.recording_path(spec.source))
+                self._models[key] = SyntheticKernel(rec, slowdown=spec.slowdown, noise=spec.noise,
+                                                    seed=self.seed, label=f"{pool.name}/{kernel}")
+            else:
+                return None
+        return self._models[key]
