@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from .acquisition import FEAS_POWER, TAU_MAX, Believers, log_ei
-from .design import feature_weights, maximin
+from .design import DESIGN_RANDOM, design_picks, feature_weights, maximin
 from .fitchain import REFIT_GROWTH, WARM_REFIT
 from .gp import FIT_ITER, matern52
 from .local import LOCAL_ROUNDS, LOCAL_STARTS, MAX_POOL, Scores, local_search, scoring_pool
@@ -78,6 +78,8 @@ class BayesTuning(Tuning):
                                 "within.")
     stall_every: int = integer(STALL_EVERY, "In a stalled study, every this-many-th pick stays near the best.")
     stall_paths: bool = boolean(STALL_PATHS, "A stalled study's near picks try the best's other code paths first.")
+    design_random: bool = boolean(DESIGN_RANDOM, "A design pick is uniformly random with the probability that the "
+                                  "design's points failed so far (else maximin).")
     stall_leaders: int = integer(STALL_LEADERS, "Then the code paths of this many runners-up; 0: none.", low=0)
     prior_paths: int = integer(PRIOR_PATHS, "Code paths probed after the prior's best; 0: none.", low=0,
                                warm_only=True)
@@ -232,10 +234,14 @@ class BayesOpt(Strategy):
     def _design(
         self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:
-        chosen = history.x[history.task == 1]
+        own = history.task == 1
+        chosen = history.x[own]
         if len(pending):
             chosen = np.vstack([chosen, self.candidates.x[pending]])
-        return maximin(self.candidates.x, available, chosen, n, rng, self._weights)
+        failed_share = 1.0 - float(history.feasible[own].mean()) if own.any() else 0.0
+        if not self.tuning.design_random or failed_share == 0.0:
+            return maximin(self.candidates.x, available, chosen, n, rng, self._weights)
+        return design_picks(self.candidates.x, available, chosen, failed_share, n, rng, self._weights)
 
     def _bayes(
         self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator,
