@@ -55,7 +55,7 @@ from .slow import SLOW_RATIO, SlowRegime
 from .stall import STALL_EVERY, STALL_LEADERS, STALL_PATHS, STALL_RADIUS, StallRule
 from .strategy import Strategy
 from .surrogate import RANKS, Surrogate
-from .warm import PRIOR_COMBINE, PRIOR_PATHS, PRIOR_PLATEAU, SKIP_SEEDS_BELOW, WarmStart
+from .warm import PRIOR_COMBINE, PRIOR_PATHS, PRIOR_PLATEAU, SKIP_FIRST_PICKS_BELOW, WarmStart
 
 
 @dataclass(frozen=True)
@@ -192,14 +192,14 @@ class BayesOpt(Strategy):
         if self.schedule.designing(history, pending):
             return self._design(n, history, pending, available, rng)
         prior = has_prior(history)
-        seeds = self.warm.seeds(history, pending, available) if prior else np.zeros(0, dtype=np.int64)
-        if len(seeds) >= n:
-            return seeds[:n]
+        first = self.warm.first_picks(history, pending, available) if prior else np.zeros(0, dtype=np.int64)
+        if len(first) >= n:
+            return first[:n]
         rest = available.copy()
-        rest[seeds] = False
-        taken = np.concatenate([pending, seeds])
+        rest[first] = False
+        taken = np.concatenate([pending, first])
         n_log, n_ranked, n_cold = self.schedule.model_picks(
-            n - len(seeds), int((history.task == 1).sum()) + len(taken), prior)
+            n - len(first), int((history.task == 1).sum()) + len(taken), prior)
         more = self._bayes(n_log, history, taken, rest, rng) if n_log else np.zeros(0, dtype=np.int64)
         if n_ranked:
             rest[more] = False
@@ -218,11 +218,11 @@ class BayesOpt(Strategy):
             if int(cold.feasible.sum()) < 2:
                 cold_picks = self._design(n_cold, cold, taken, rest, crng)
             else:
-                trusted = self.tuning.prior_lengthscales and self.warm.weight(history) >= SKIP_SEEDS_BELOW
+                trusted = self.tuning.prior_lengthscales and self.warm.weight(history) >= SKIP_FIRST_PICKS_BELOW
                 ls = self.warm.model(history)[0].hyper.lengthscale if trusted else None
                 cold_picks = self._bayes(n_cold, cold, taken, rest, crng, lengthscale=ls)
             more = np.concatenate([more, cold_picks])
-        return np.concatenate([seeds, more])
+        return np.concatenate([first, more])
 
     def prior_misleads(self, history: History) -> bool:
         """Whether the warm-start data are dropped (see `WarmStart.misleads`)."""

@@ -3,7 +3,7 @@
 A suggestion's picks are, in this order: the space-filling initial design while
 `Schedule.designing` (a cold study's first ``initial`` feasible points, failed ones
 replaced up to twice as many evaluations, and while fewer than two results ran at all);
-with warm-start data, the prior's first picks (`warm.WarmStart.seeds`); then the model's
+with warm-start data, the prior's first picks (`warm.WarmStart.first_picks`); then the model's
 picks, split by `Schedule.model_picks` into picks on log time, every ``rank_every``-th
 pick of a study without a prior on the times' ranks (`surrogate.RANKS`), and every
 ``prior_hedge``-th pick of a study with one from this pool's results alone. Picks are

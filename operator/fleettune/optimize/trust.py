@@ -2,7 +2,7 @@
 results: `PriorTrust.weight` maps the prior's predictions at this pool's measured points
 and what this pool measured there to a weight in [0, 1] (see the class's doc).
 `warm.WarmStart` scales the prior GP's part of the residual model by it, and below
-`warm.SKIP_SEEDS_BELOW` stops measuring the prior's picks. A function of the two arrays
+`warm.SKIP_FIRST_PICKS_BELOW` stops measuring the prior's picks. A function of the two arrays
 alone, so that a study rebuilt from its history weighs the prior the same.
 
 Why checked rather than trusted, and the measurements behind these values: see

@@ -43,7 +43,7 @@ DEFAULT_TRUST = PriorTrust()
 
 # Below this weight (`PriorTrust`), a warm study stops measuring the prior's best
 # configurations and probes and lets the model choose.
-SKIP_SEEDS_BELOW = 0.5
+SKIP_FIRST_PICKS_BELOW = 0.5
 # A distrusted prior's study completes a space-filling design of this many feasible
 # points of its own, as a cold one does (BayesOptions.initial's default).
 DESIGN = 10
@@ -209,7 +209,7 @@ class WarmStart:
 
     # -- the first suggestions of a warm study ------------------------------------------
 
-    def seeds(self, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
+    def first_picks(self, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
         """While this study has measured fewer than ``top`` points, the contrast and the
         probes of other code paths: the ``top`` best prior configurations, the first code
         path's two probes (`path_probes`), the combination of the prior best's improving
@@ -223,11 +223,11 @@ class WarmStart:
         contrast points give the rank correlation something the prior does not rate best
         to compare with: among the prior's favourites alone, a prior that points the
         wrong way looks no different from one that is right."""
-        if self.weight(history) < SKIP_SEEDS_BELOW:
+        if self.weight(history) < SKIP_FIRST_PICKS_BELOW:
             return self.design(history, pending, available)
         plateau = self.plateau(history)
         if plateau is not None:
-            return self._plateau_seeds(history, plateau, pending, available)
+            return self._plateau_picks(history, plateau, pending, available)
         n_current = int((history.task == 1).sum()) + len(pending)
         contrast = CONTRAST if self.trust is not None else 0
         if n_current >= self.top + contrast + 3 * self.paths + 1:  # path_probes: at most 3 * paths; combination: 1
@@ -295,7 +295,7 @@ class WarmStart:
         on = self._plateau[1]
         return on if on.mean() >= self.plateau_share else None
 
-    def _plateau_seeds(self, history: History, plateau: np.ndarray, pending: np.ndarray,
+    def _plateau_picks(self, history: History, plateau: np.ndarray, pending: np.ndarray,
                        available: np.ndarray) -> np.ndarray:
         """A warm study's first suggestions on a prior's `plateau`: the prior's best, then
         `PLATEAU_DESIGN` space-filling points of the plateau."""

@@ -124,19 +124,21 @@ def test_warm_start_uses_prior_but_keeps_checking(space, optimum):
 
 
 def test_bayes_beats_random_and_avoids_failures(space, optimum):
-    """Small replay with fixed seeds: clear margin in quality and fewer failures."""
+    """Small replay with fixed seeds, once the model leads (the design's 10 feasible points
+    take up to 20 evaluations): a clear margin in quality at 30, and fewer failures. Eight
+    seeds: single seeds range from 0.46 to 1.0 of the optimum at 30 here."""
     res = {}
     for strategy in ("bayes", "random"):
         fracs, invalid = [], []
-        for seed in range(3):
+        for seed in range(8):
             study = Study(space, strategy=strategy, seed=seed, tuning=FAST if strategy == "bayes" else None)
             trace, n_invalid = run(study, 30)
-            fracs.append(optimum / trace[[9, 19, 29]])
+            fracs.append(optimum / trace[29])
             invalid.append(n_invalid)
-        res[strategy] = (np.mean(fracs, axis=0), np.mean(invalid))
+        res[strategy] = (np.mean(fracs), np.mean(invalid))
     bo, rnd = res["bayes"], res["random"]
-    assert bo[0][-1] >= 0.93, bo
-    assert bo[0][1:].mean() >= rnd[0][1:].mean() + 0.05, (bo, rnd)
+    assert bo[0] >= 0.85, bo
+    assert bo[0] >= rnd[0] + 0.1, (bo, rnd)
     assert bo[1] < rnd[1], (bo, rnd)
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import hidden_infeasible, objective, run
 from fleettune.optimize import Study
 from fleettune.optimize.trust import PriorTrust
-from fleettune.optimize.warm import CONTRAST, DESIGN, PLATEAU_DESIGN, SKIP_SEEDS_BELOW
+from fleettune.optimize.warm import CONTRAST, DESIGN, PLATEAU_DESIGN, SKIP_FIRST_PICKS_BELOW
 from fleettune_job.protocol import Outcome
 
 FAST = {"fit_iter": 30}  # tuning knobs (the development hook): fewer L-BFGS iterations
@@ -76,13 +76,13 @@ def test_a_reversed_prior_loses_its_influence_within_a_few_points(space) -> None
     assert warm.residual(study.history)
     assert warm.weight(study.history) == 0.0
     none = np.zeros(0, dtype=np.int64)
-    picks = warm.seeds(study.history, none, ~study._observed)
+    picks = warm.first_picks(study.history, none, ~study._observed)
     assert len(picks) == DESIGN - int((study.history.feasible & (study.history.task == 1)).sum())
     assert np.array_equal(picks, warm.design(study.history, none, ~study._observed))
     assert float(warm.mean_at_candidates(study.history).abs().max()) == 0.0
     # Trusted, the same history would have the study measure the prior's picks.
     warm.trust = None
-    assert not np.array_equal(warm.seeds(study.history, none, ~study._observed), picks)
+    assert not np.array_equal(warm.first_picks(study.history, none, ~study._observed), picks)
 
 
 def test_a_warm_study_measures_the_prior_best_probes_and_contrast_first(space) -> None:
@@ -161,13 +161,13 @@ def test_two_moves_that_help_alone_are_measured_together(space) -> None:
     first = [*top, *warm.path_probes(study.history, cand(study, best))[:2]]
     assert combo not in first, "the test's combination must be one the prior does not pick first"
     before = [int(c) for c in dict.fromkeys(first) if not study._observed[c]]
-    picks = warm.seeds(study.history, none, ~study._observed)
+    picks = warm.first_picks(study.history, none, ~study._observed)
     assert picks[: len(before) + 1].tolist() == [*before, combo]
 
     hurt = fed({**helped, "by": 2.1})
     assert hurt.strategy.warm.combination(hurt.history, cand(hurt, best), 5) is None
     off = fed(helped, prior_combine=False)
-    off_picks = off.strategy.warm.seeds(off.history, none, ~off._observed)
+    off_picks = off.strategy.warm.first_picks(off.history, none, ~off._observed)
     assert combo not in off_picks and off_picks[: len(before)].tolist() == before
 
 
@@ -193,7 +193,7 @@ def test_the_weight_comes_back_when_the_pool_agrees_again(space) -> None:
     # Disagreeing: what the prior ranks best measured slowest (times handed out reversed).
     for c, t in zip(slowest_first, sorted(objective(c) for c in ranked), strict=True):
         study.observe(c, Outcome.OK, t)
-    assert study.strategy.warm.weight(study.history) < SKIP_SEEDS_BELOW
+    assert study.strategy.warm.weight(study.history) < SKIP_FIRST_PICKS_BELOW
     for c in picks[6:]:
         study.observe(c, Outcome.OK, objective(c))
     assert study.strategy.warm.weight(study.history) == 1.0
@@ -321,7 +321,7 @@ def test_on_a_prior_plateau_the_study_measures_its_best_then_spreads_over_the_pl
     assert own[0] == best and all(c["layout"] == "b" for c in own)
     assert plateau[cand].all() and len(set(cand.tolist())) == len(cand)
     none = np.zeros(0, dtype=np.int64)
-    assert len(warm.seeds(study.history, none, ~study._observed)) == 0  # the model leads from here
+    assert len(warm.first_picks(study.history, none, ~study._observed)) == 0  # the model leads from here
     # Switched off, or with a sharp prior: the prior's three best and the probes.
     warm.plateau_share = 0.0
     assert warm.plateau(study.history) is None
