@@ -7,7 +7,7 @@ fleet simulator:
 2. a user kernel's source ConfigMap deleted mid-run keeps every pool's counts and bests in
    the status, which says what the run waits for; back, the run tunes on.
 
-The planner's side: tests/unit/test_planner_truthful.py.
+The planner's side: tests/unit/controller/test_planner_truthful.py.
 """
 
 from __future__ import annotations

@@ -47,5 +47,5 @@ def test_the_report_figure_is_an_extra_and_the_tests_have_it():
     assert set(_extra("report")) == {"matplotlib"}
     dev = _extra("dev")
     assert "matplotlib" in dev
-    # `fleettune export` is checked by Kernel Tuner itself (tests/unit/test_export.py).
+    # `fleettune export` is checked by Kernel Tuner itself (tests/unit/commands/test_export.py).
     assert "kernel_tuner" in dev

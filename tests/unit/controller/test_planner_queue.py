@@ -1,5 +1,5 @@
 """Trial Jobs behind a Kueue queue, with the planner and a stand-in for Kueue and the Job
-controller (tests/unit/fleet_double.py): Jobs are created suspended and labelled for the
+controller (tests/unit/controller/fleet_double.py): Jobs are created suspended and labelled for the
 queue, a wait is shown apart from running, a long wait says so, and a preempted batch
 keeps its answers and hands the rest back. The real Kueue: tests/integration/test_kueue.py."""
 

@@ -1,5 +1,5 @@
 """A status that tells the truth, with the planner and the cluster's stand-in
-(tests/unit/fleet_double.py): a kernel source deleted mid-run keeps what was measured in
+(tests/unit/controller/fleet_double.py): a kernel source deleted mid-run keeps what was measured in
 the status and says what the run waits for; a parallelism beyond the pool's GPUs starts
 no more Pods than they run, and Pods waiting to start count as pending, not running; a
 finished pool whose budget is raised says so; lost results are no longer counted. The
@@ -21,7 +21,7 @@ from fleettune.jobs import entries_of
 from fleettune.labels import TRIAL_LABEL
 from fleettune_job.protocol import Outcome, TrialResult
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SOURCE_MAP, USER_RUN = yaml.safe_load_all((ROOT / "examples" / "user-kernel.yaml").read_text())
 
 

@@ -1,6 +1,6 @@
 """A trial Job the Job controller lost track of (`jobs.STALL_GRACE_S`): deleted well past its
 deadline, what its Pod answered kept, the rest measured again, nothing recorded as failed
-(tests/unit/fleet_double.py plays the cluster; a Job it never finishes stands for one whose
+(tests/unit/controller/fleet_double.py plays the cluster; a Job it never finishes stands for one whose
 Pod is gone and whose controller never starts another)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A one-configuration trial Job of an operator before every Job was a batch, found after an
 upgrade: its protocol is no longer read, so it is deleted and its configuration measured
 again in a batch Job, first; nothing of it is recorded, nothing lost
-(tests/unit/fleet_double.py plays the cluster)."""
+(tests/unit/controller/fleet_double.py plays the cluster)."""
 
 from __future__ import annotations
 

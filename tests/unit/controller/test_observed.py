@@ -18,7 +18,7 @@ from fleettune.metrics import trial_timings
 from fleettune.results import records_from_job
 from fleettune_job.protocol import CONTAINER_NAME, Answer, BatchResult, Outcome, TrialResult
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = TuningRunSpec.model_validate(yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())["spec"])
 CONFIGS = [({"block_size_x": 32, "block_size_y": 4}, "32,4"), ({"block_size_x": 64, "block_size_y": 2}, "64,2")]
 

@@ -12,7 +12,7 @@ from fleettune.controller.pool import Pool, build_search, warm_start_prior
 from fleettune.results import Records, TrialRecord
 from fleettune_job.protocol import Outcome
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = TuningRunSpec.model_validate(yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())["spec"])
 
 

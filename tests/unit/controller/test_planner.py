@@ -1,4 +1,4 @@
-"""The planner driven through whole runs, with no API server (tests/unit/fleet_double.py
+"""The planner driven through whole runs, with no API server (tests/unit/controller/fleet_double.py
 plays the cluster): finishing on a budget, deadlines, a stalled study, a driver change,
 a deleted node, infrastructure failures, an exhausted space, a restart."""
 

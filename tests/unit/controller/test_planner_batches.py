@@ -1,5 +1,5 @@
 """Batched trial Pods driven through whole runs with no API server: sizes, budgets, and a
-Pod that dies mid-batch (tests/unit/fleet_double.py plays the cluster)."""
+Pod that dies mid-batch (tests/unit/controller/fleet_double.py plays the cluster)."""
 
 from __future__ import annotations
 
