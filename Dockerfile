@@ -16,8 +16,16 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY job_image/fleettune_job ./job_image/fleettune_job
 # NVRTC comes with it (a library, no GPU needed): the operator compiles users' kernels up front.
-RUN pip install . && python -c "import fleettune.controller.handlers, importlib.util; \
-from fleettune_job import nvrtc; assert nvrtc.available(); assert importlib.util.find_spec('fleettune_dev') is None"
+# So do the CUDA headers, checked here by compiling an include of one: without them the
+# operator's check passes any kernel that includes a header (it cannot tell a missing header
+# of this image from one the source wrongly names), and its errors show only in the trials.
+RUN pip install . && python -c "import fleettune.controller.handlers, importlib.util, pathlib; \
+from fleettune_job import nvrtc; assert nvrtc.available(), 'libnvrtc not found'; \
+include = nvrtc.cuda_include_dir(); \
+assert include and (pathlib.Path(include) / 'cuda_fp16.h').is_file(), f'no CUDA headers (cuda_fp16.h): {include}'; \
+probe = nvrtc.compile_source('#include <cuda_fp16.h>\n', [*nvrtc.header_options(), nvrtc.arch_option('8.0', virtual=True)]); \
+assert probe.ok, probe.log; \
+assert importlib.util.find_spec('fleettune_dev') is None"
 
 FROM python:3.11.10-slim-bookworm
 COPY --from=build /opt/venv /opt/venv

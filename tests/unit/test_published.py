@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 
+from fleettune.api import TuningRunSpec
+from fleettune.controller.source import KernelSource
+from fleettune.controller.spec import space_hash
 from fleettune.fingerprint import GpuFingerprint
 from fleettune.published import (
     TUNED_JSON,
     PublishedEntry,
     best_entries,
     configmap_data,
+    kernel_identity,
     merge_entries,
     publish_plan,
     published_configmap,
@@ -20,6 +27,7 @@ from fleettune.published import (
     safe_key,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 OLD = GpuFingerprint(product="NVIDIA-A100-PCIE-40GB", compute_capability="8.0", driver_version="550.54.15",
                       cuda_runtime_version="12.4")
 NEW = OLD.model_copy(update={"driver_version": "560.35.03"})
@@ -187,3 +195,101 @@ def test_a_trials_stored_record_replaces_its_provisional_one() -> None:
     plan = publish_plan("r", provisional, [stored], kernel="k1")
     assert plan is not None and plan["a100.64.verified"] == "false"
     assert publish_plan("r", plan, [stored], kernel="k1") is None
+
+
+# -- the kernel identity: what makes a published entry comparable ------------------------
+
+_SOURCE_MAP, _RUN = yaml.safe_load_all((ROOT / "examples" / "user-kernel.yaml").read_text())
+USER_KERNEL, TRANSPOSE = _RUN["spec"], _SOURCE_MAP["data"]["transpose.cu"]
+
+
+def identity(raw: dict, source: str | None = TRANSPOSE) -> str:
+    """The identity the operator publishes entries under: the spec's space hash and the
+    digest of the source as read from its ConfigMap."""
+    spec = TuningRunSpec.model_validate(raw)
+    digest = None
+    if spec.kernel.source is not None and source is not None:
+        read = KernelSource()
+        read.read(spec, {spec.kernel.source.key: source}, 0.0)
+        digest = read.digest
+    return kernel_identity(space_hash(spec), digest)
+
+
+def edited(**changes) -> dict:
+    """The user kernel's spec with parts replaced (paths joined by ``__``; list items by index)."""
+    raw = copy.deepcopy(USER_KERNEL)
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        node = raw
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(last) if last.isdigit() else last] = value
+    return raw
+
+
+def reversed_keys(value):
+    if isinstance(value, dict):
+        return {k: reversed_keys(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [reversed_keys(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("change", [
+    {"parameters__0__values": [8, 16, 32]},  # a value dropped
+    {"parameters__0__values": [8, 16, 32, 128]},  # a value replaced
+    {"parameters__1__name": "rows_per_thread"},  # a parameter renamed (the #define's name)
+    {"parameters__2__type": "categorical"},
+    {"parameters": [*USER_KERNEL["parameters"], {"name": "unroll", "values": [1, 2]}]},  # one more #define
+    {"parameters": USER_KERNEL["parameters"][:-1]},  # one fewer
+    {"constraints__0": "block_rows < tile_dim"},
+    {"constraints": USER_KERNEL["constraints"][:-1]},
+    {"constraints": [*USER_KERNEL["constraints"], "tile_dim >= 16"]},
+    {"kernel__source__function": "transpose_v2"},
+    {"kernel__source__block": ["tile_dim", "2 * block_rows"]},
+    {"kernel__defaultConfig__tile_dim": 16},
+], ids=lambda c: next(iter(c)))
+def test_the_kernel_identity_changes_with_parameters_constraints_and_kernel(change) -> None:
+    assert identity(edited(**change)) != identity(USER_KERNEL)
+
+
+@pytest.mark.parametrize("source", [
+    "#define UNROLL 4\n" + TRANSPOSE,  # a define of the source's own
+    TRANSPOSE.replace("#if use_shared", "#if use_shared && 0"),  # a preprocessor branch
+    TRANSPOSE.replace("tile_dim + use_padding", "tile_dim + 1"),
+])
+def test_the_kernel_identity_changes_with_the_cuda_source(source: str) -> None:
+    assert identity(USER_KERNEL, source) != identity(USER_KERNEL)
+
+
+def test_the_kernel_identity_changes_with_a_defines_value() -> None:
+    four, eight = (identity(USER_KERNEL, f"#define UNROLL {n}\n" + TRANSPOSE) for n in (4, 8))
+    assert four != eight and identity(USER_KERNEL, "#define UNROLL 4\n" + TRANSPOSE) == four
+
+
+def test_the_kernel_identity_stays_when_nothing_it_covers_changes() -> None:
+    first = identity(USER_KERNEL)
+    assert identity(copy.deepcopy(USER_KERNEL)) == first
+    assert identity(reversed_keys(USER_KERNEL)) == first  # mappings' key order, at every level
+    # What decides where and how long it tunes, not what it tunes.
+    assert identity(edited(budget__trialsPerTarget=99, budget__parallelism=1)) == first
+    assert identity(edited(strategy={"name": "random", "seed": 5})) == first
+    assert identity(edited(targets=USER_KERNEL["targets"][:1])) == first
+    assert identity(edited(publish={"configMapName": "transpose-tuned"})) == first
+    # The same source read again is the same kernel, and is not an edit.
+    spec = TuningRunSpec.model_validate(USER_KERNEL)
+    read = KernelSource()
+    assert read.read(spec, {"transpose.cu": TRANSPOSE}, 0.0) is False
+    before = read.digest
+    assert read.read(spec, {"transpose.cu": TRANSPOSE, "other": "x"}, 1.0) is False and read.digest == before
+    assert read.read(spec, {"transpose.cu": TRANSPOSE + "\n"}, 2.0) is True and read.digest != before
+
+
+def test_a_builtin_kernels_identity_has_no_source_part() -> None:
+    conv = yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())["spec"]
+    h = space_hash(TuningRunSpec.model_validate(conv))
+    assert kernel_identity(h, None) == kernel_identity(h, None) == identity(conv)
+    assert kernel_identity(h, None) != kernel_identity(h, "0" * 64)
+    assert re.fullmatch(r"[0-9a-f]{12}", kernel_identity(h, None))
+    conv["parameters"][0]["values"] = [16, 32]
+    assert identity(conv) != kernel_identity(h, None)
