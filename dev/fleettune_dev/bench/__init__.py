@@ -1,4 +1,5 @@
-"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job ...` (they print tables).
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job|predict ...`
+(they print tables).
 
 What each measures, its targets, its data and how to run it: docs/benchmarks.md; every flag:
 docs/reference/cli.md.
@@ -17,6 +18,7 @@ SUBCOMMANDS = {
     "memory": "fleettune_dev.bench.memory",
     "timeline": "fleettune_dev.bench.timeline",
     "job": "fleettune_dev.bench.job",
+    "predict": "fleettune_dev.bench.predict",
 }
 
 
