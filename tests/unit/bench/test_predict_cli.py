@@ -10,7 +10,8 @@ import pytest
 from fleettune_dev.bench.predict import main
 
 KEYS = {"data", "kind", "split", "predictor", "group", "n", "exact", "per_parameter", "best_of_10_exact", "top1",
-        "slowdown_geomean", "fraction_of_optimum", "invalid_share", "fraction_p10", "share_ge_0_9", "vs_nearest"}
+        "slowdown_geomean", "fraction_of_optimum", "invalid_share", "fraction_p10", "share_ge_0_9",
+        "fraction_at_5", "fraction_at_10", "vs_nearest"}
 
 
 def write_tables(root: Path) -> Path:

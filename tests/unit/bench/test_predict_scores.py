@@ -40,6 +40,19 @@ def test_ratio_against_the_fastest_time_and_invalid_predictions() -> None:
     assert score(r, [BEST]).ratio == 1.0
 
 
+def test_a_pool_measuring_the_first_five_and_ten_keeps_the_best_of_them() -> None:
+    configs = [{**BEST, "bm": 1000 + i} for i in range(12)]
+    times = {config_key(c): 10.0 - i * 0.5 for i, c in enumerate(configs)}  # later ones faster; the last 1/2 as fast
+    ranking = [*configs[:4], BEST, *configs[4:]]  # BEST (unmeasured) fifth: counts as failed
+    s = score(row(times), ranking)
+    assert s.ratio == pytest.approx(4.5 / 10.0)
+    assert s.ratio_at == pytest.approx((4.5 / 8.5, 4.5 / 6.0))
+    # A first five that all failed counts as 0 in the mean rather than dropping the row.
+    failed = [{**BEST, "bm": 3 + i} for i in range(5)]
+    summary = summarise([score(row(times), failed + configs), s], "kt-caches")
+    assert summary["fraction_at_5"] == pytest.approx((0 + 4.5 / 8.5) / 2)
+
+
 def test_summarise_by_hand() -> None:
     scores = [RowScore(True, 1.0, True, 1.0), RowScore(False, 0.5, True, 0.5), RowScore(False, 0.25, False, 0.0),
               None, RowScore(True, 1.0, True, 0.8)]

@@ -10,7 +10,9 @@ Per row: ``exact`` (the prediction is the row's best configuration), ``per_param
 (the share of the best's parameters the prediction has right), ``best_of_k`` (the best is
 among the first ``k``), and, where the row has times, ``ratio`` = the fastest measured
 time / the prediction's time, 0 where the prediction failed or was never measured on this
-problem (an *invalid* prediction).
+problem (an *invalid* prediction); ``ratio_at`` = the best ratio among the first
+``MEASURED`` configurations of the ranking: what a pool reaches when it measures the
+prediction and the next ones before it tunes (0, 5 and 10 of its own measurements).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fleettune_dev.bench.predict.rows import Row, config_key
 
 RESAMPLES = 1000
 SEED = 0
+MEASURED = (5, 10)  # a pool measuring the ranking's first 5 and 10: fraction_at_5, fraction_at_10
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class RowScore:
     per_parameter: float
     best_of_k: bool
     ratio: float | None  # fastest time / the prediction's time; 0: invalid; None: the row has no times
+    ratio_at: tuple[float, ...] | None = None  # the best ratio among the first MEASURED ones
 
 
 def _value(v: Any) -> str:
@@ -49,13 +53,15 @@ def score(row: Row, ranking: Sequence[Mapping[str, Any]], k: int = 10) -> RowSco
     best_key = config_key(best)
     params = row.parameters
     right = sum(p in first and _value(first[p]) == _value(best[p]) for p in params)
-    ratio = None
+    ratio = ratio_at = None
     if row.times is not None:
         ok = {c: t for c, t in row.times.items() if c not in row.invalid and math.isfinite(t) and t > 0}
-        t = ok.get(config_key(first))
-        ratio = min(ok.values()) / t if ok and t else 0.0
+        fastest = min(ok.values()) if ok else 0.0
+        ratios = [fastest / ok[key] if key in ok else 0.0 for key in map(config_key, ranking[:max(MEASURED)])]
+        ratio = ratios[0]
+        ratio_at = tuple(max(ratios[:m]) for m in MEASURED)
     return RowScore(exact=config_key(first) == best_key, per_parameter=right / len(params) if params else 0.0,
-                    best_of_k=any(config_key(c) == best_key for c in ranking[:k]), ratio=ratio)
+                    best_of_k=any(config_key(c) == best_key for c in ranking[:k]), ratio=ratio, ratio_at=ratio_at)
 
 
 def _geomean(ratios: np.ndarray, weights: np.ndarray | None = None) -> float | None:
@@ -74,7 +80,9 @@ def summarise(scores: Sequence[RowScore | None], kind: str) -> dict[str, Any]:
     literature), the time scores where no row has times. Over the rows with times:
     ``slowdown_geomean`` and ``fraction_of_optimum`` (its inverse) are geometric means
     over the valid predictions, ``invalid_share`` the share of the others, and
-    ``fraction_p10`` / ``share_ge_0_9`` count an invalid prediction as 0."""
+    ``fraction_p10`` / ``share_ge_0_9`` count an invalid prediction as 0; ``fraction_at_5`` /
+    ``fraction_at_10``: the mean of the best fraction among the ranking's first 5 / 10 (an
+    arithmetic mean, so that a row whose first ones all failed counts, as 0)."""
     s = [x for x in scores if x is not None]
     n = len(s)
     out: dict[str, Any] = {"n": n}
@@ -91,6 +99,9 @@ def summarise(scores: Sequence[RowScore | None], kind: str) -> dict[str, Any]:
     out["invalid_share"] = float(np.mean(ratios == 0)) if timed else None
     out["fraction_p10"] = float(np.percentile(ratios, 10)) if timed else None
     out["share_ge_0_9"] = float(np.mean(ratios >= 0.9)) if timed else None
+    for i, m in enumerate(MEASURED):
+        at = np.array([x.ratio_at[i] for x in s if x.ratio_at is not None], dtype=np.float64)
+        out[f"fraction_at_{m}"] = float(at.mean()) if len(at) else None
     return out
 
 

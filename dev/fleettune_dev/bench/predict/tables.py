@@ -45,6 +45,8 @@ COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("invalid_share", "invalid %", _percent),
     ("fraction_p10", "p10 %", _percent),
     ("share_ge_0_9", "≥ 0.9 %", _percent),
+    ("fraction_at_5", "best of 5 measured %", _percent),
+    ("fraction_at_10", "best of 10 measured %", _percent),
     ("vs_nearest", "vs nearest-log2 (points, 95 % CI)", _versus),
 )
 
