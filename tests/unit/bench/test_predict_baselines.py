@@ -198,3 +198,32 @@ def test_no_predictor_looks_at_the_answer(name: str) -> None:
     train = [timed("X", {"a": 1.0, "b": 1.1, "c": 4.0}), timed("Y", {"a": 2.0, "b": 1.0, "c": 1.2})]
     predictor = fitted(make(name), train)
     assert predictor.rank(row, 3) == predictor.rank(swapped, 3)
+
+
+def gpu(device: str, times: dict[str, float]) -> Row:
+    keyed = {config_key({"c": c}): t for c, t in times.items()}
+    best = {"c": min(times, key=lambda c: times[c])}
+    return Row(data="kt", kind="kt-caches", group="k", family="k", device=device, key=f"k|{device}", volume=1.0,
+               problem={"size_0": 1, "device": device}, best=best, times=keyed)
+
+
+def test_measuring_the_fleet_follows_the_devices_that_rank_like_this_gpu() -> None:
+    # Two kinds of GPU: on "n*" configurations p.. run fast, on "a*" configurations q..; the
+    # consensus (three n-like devices against two a-like ones) starts on the n side. The
+    # held-out GPU is a-like: once three picks ran, the a devices lead and its best comes next.
+    n_like = {"p0": 1.0, "p1": 1.1, "p2": 1.2, "p3": 1.3, "q0": 3.0, "q1": 3.2, "m": 1.2}
+    a_like = {"p0": 3.0, "p1": 2.0, "p2": 2.2, "p3": 4.0, "q0": 1.0, "q1": 1.1, "m": 1.2}
+    train = [gpu(d, n_like) for d in ("n1", "n2", "n3")] + [gpu(d, a_like) for d in ("a1", "a2")]
+    target = gpu("a3", {c: 2 * t for c, t in a_like.items()})
+    asked: list[str] = []
+
+    def measure(config: dict[str, Any]) -> float | None:
+        asked.append(config["c"])
+        return 2 * a_like[config["c"]]
+
+    fleet = fitted(Fleet(), train)
+    plain = [c["c"] for c in fleet.rank(target, 7)]
+    measured = [c["c"] for c in fleet.rank_measured(target, 7, measure)]
+    assert measured[0] == plain[0] == "m"  # no measurement yet: the consensus
+    assert plain.index("q0") > 3 and measured.index("q0") == 3  # right after the third measurement
+    assert asked == measured  # it measured exactly what it ranked, one by one

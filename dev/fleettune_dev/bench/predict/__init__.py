@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleettune_dev.bench.predict.baselines import NAMES, NOT_AVAILABLE, PREDICTORS, applicable, make
-from fleettune_dev.bench.predict.rows import Row
-from fleettune_dev.bench.predict.scores import RowScore, score, summarise, versus
+from fleettune_dev.bench.predict.rows import Measuring, Row, measurer
+from fleettune_dev.bench.predict.scores import MEASURED, RowScore, score, summarise, versus
 from fleettune_dev.bench.predict.tables import format_table
 
 Scores = dict[str, list[RowScore | None]]  # predictor -> its score of each held-out row (None: not applicable)
@@ -69,12 +69,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def predict(name: str, folds: Sequence[tuple[Sequence[Row], Sequence[Row]]], k: int) -> list[list[dict[str, Any]]]:
     """The rankings of predictor ``name`` for every held-out row, fold by fold (a fresh
-    predictor per fold, fitted on its training rows)."""
+    predictor per fold, fitted on its training rows); a predictor that learns from what it
+    measures (`Measuring`) measures its picks one by one where the row has times."""
     out = []
     for train, test in folds:
         predictor = make(name)
         predictor.fit(train)
-        out.extend(predictor.rank(row, k) for row in test)
+        for row in test:
+            if isinstance(predictor, Measuring) and row.times is not None:
+                out.append(predictor.rank_measured(row, max(k, *MEASURED), measurer(row)))
+            else:
+                out.append(predictor.rank(row, k))
     return out
 
 

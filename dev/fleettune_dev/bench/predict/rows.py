@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 Config = Mapping[str, Any]
 Descriptor = Mapping[str, float | int | str]
@@ -73,3 +73,29 @@ class Predictor(Protocol):
     def fit(self, train: Sequence[Row]) -> None: ...
 
     def rank(self, row: Row, k: int) -> list[dict[str, Any]]: ...
+
+
+Measure = Callable[[Config], "float | None"]  # a configuration's time on the row's problem; None: it failed
+
+
+@runtime_checkable
+class Measuring(Predictor, Protocol):
+    """A predictor that, where the held-out row has times, ranks as a pool would measure:
+    each configuration is measured (``measure``) before the next is chosen, so the first
+    is the prediction with no measurement and the later ones use what the earlier ones
+    showed. It sees only the times of the configurations it chose."""
+
+    def rank_measured(self, row: Row, k: int, measure: Measure) -> list[dict[str, Any]]: ...
+
+
+def measurer(row: Row) -> Measure:
+    """What measuring a configuration on ``row``'s problem returns: its recorded time, None
+    where it failed or was not recorded (the pool would find it does not run)."""
+    times = row.times or {}
+
+    def measure(config: Config) -> float | None:
+        key = config_key(config)
+        t = times.get(key)
+        return None if t is None or key in row.invalid or not t > 0 else float(t)
+
+    return measure
