@@ -141,12 +141,32 @@ class TargetStatus(TrialCounts):
 
 
 class Prediction(Model):
-    """A recommended configuration for a problem size that was never tuned."""
+    """A recommended configuration for a problem size that was never tuned (source sizes),
+    or for a pool that has no valid result of its own yet (source gpus)."""
 
     target: str = Field(description="The target it is recommended for.")
-    problem_size: list[int] = Field(description="The problem size (one of spec.predictFor).")
+    problem_size: list[int] = Field(
+        description="The problem size: one of spec.predictFor (source sizes), or the pool's own (source gpus)."
+    )
+    source: Literal["sizes", "gpus"] = Field(
+        default="sizes",
+        description="sizes: from the target's tuned sizes (spec.predictFor). gpus: from the other targets' results "
+        "at the same size, for a pool with no valid result yet (removed once it has one); the consensus of two or "
+        "more GPUs, else the best of the one.",
+    )
     config: dict[str, Any] | None = Field(default=None, description="The recommended configuration.")
-    predicted_ms: float | None = Field(default=None, description="Its predicted time in milliseconds.")
+    predicted_ms: float | None = Field(
+        default=None, description="Its predicted time in milliseconds (source sizes; another GPU's time is not "
+        "this one's)."
+    )
+    expected_fraction: float | None = Field(
+        default=None, description="Source gpus, with three or more other GPUs: the mean fraction of a GPU's own "
+        "optimum (best time / time) that the rule reached on each of them when it was left out."
+    )
+    expected_fraction_range: list[float] | None = Field(
+        default=None, min_length=2, max_length=2,
+        description="The lowest and highest of those fractions, [low, high].",
+    )
     basis: str = Field(default="", description="What the prediction rests on.")
 
 
@@ -168,9 +188,11 @@ class TuningRunStatus(Model):
         default_factory=list, max_length=MAX_TUNED_TARGETS,
         description="Each target pool (each of its problem sizes, when several are tuned).",
     )
+    # Those of spec.predictFor, and at most one per pool (source gpus).
     predictions: list[Prediction] = Field(
-        default_factory=list, max_length=MAX_PREDICTIONS,
-        description="A recommended configuration per target for each size of spec.predictFor.",
+        default_factory=list, max_length=MAX_PREDICTIONS + MAX_TUNED_TARGETS,
+        description="A recommended configuration per target for each size of spec.predictFor, and per pool that "
+        "has no valid result yet, from the other targets (source gpus).",
     )
     results: ResultsRef | None = Field(default=None, description="Where every trial's record is kept.")
     space_hash: str | None = Field(default=None, description="Hash of kernel, parameters, constraints, objective.")

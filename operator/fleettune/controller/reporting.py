@@ -2,13 +2,14 @@
 
 The planner decides the pools' phases; this turns them into the run's phase, the status
 written to the API server (bounded to fit beside the spec in etcd), the Kubernetes Events
-that announce each transition once, and the recommendations for `spec.predictFor`.
+that announce each transition once, and the recommendations: for `spec.predictFor`, and for
+the pools with no valid result yet from the other targets (`fleettune.fleetprediction`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from fleettune.controller.pool import Pool, iso_time
 from fleettune.metrics import parse_time
 from fleettune.results import TrialRecord
 from fleettune.rollup import TOP_K, fit_status, run_status, said, status_budget, target_status
+from fleettune_job.protocol import Outcome
 
 Event = tuple[str, str, str]  # (type, reason, message)
 
@@ -47,6 +49,9 @@ class Reporter:
         self.announced: dict[str, str] = {}
         self.predictions: list[dict[str, Any]] = []
         self.predicted_for: tuple[Any, float] | None = None
+        self.size_predictions: list[dict[str, Any]] = []
+        self.gpu_predictions: list[dict[str, Any]] = []
+        self.predicted_gpus_for: tuple[Any, Any, float] | None = None
         self.budget: tuple[Any, int] | None = None
 
     def restore(self, previous: TuningRunStatus) -> None:
@@ -154,10 +159,16 @@ class Reporter:
 
     def _predict(self, spec: TuningRunSpec, pools: Mapping[str, Pool], records: Sequence[TrialRecord],
                  mono: float) -> None:
+        self._predict_sizes(spec, pools, records, mono)
+        self._predict_gpus(pools, records, mono)
+        self.predictions = self.size_predictions + self.gpu_predictions
+
+    def _predict_sizes(self, spec: TuningRunSpec, pools: Mapping[str, Pool], records: Sequence[TrialRecord],
+                       mono: float) -> None:
         """Recommendations for spec.predictFor from the tuned sizes, refreshed when results
         land (at most every PREDICT_EVERY_S while tuning, since each fits a GP)."""
         if not spec.predict_for:
-            self.predictions = []
+            self.size_predictions = []
             return
         sizes = [tuple(s) for s in spec.predict_for]
         basis = tuple((p.key, p.round, len(p.records(records))) for p in pools.values())
@@ -166,7 +177,43 @@ class Reporter:
         if last is not None and (last[0] == (basis, sizes) or (not done and mono - last[1] < PREDICT_EVERY_S)):
             return
         self.predicted_for = ((basis, sizes), mono)
-        self.predictions = self._predictions(spec.strategy.seed, pools, sizes, records)
+        self.size_predictions = self._predictions(spec.strategy.seed, pools, sizes, records)
+
+    def _predict_gpus(self, pools: Mapping[str, Pool], records: Sequence[TrialRecord], mono: float) -> None:
+        """Recommendations for the pools with no valid result yet, from the other targets at
+        their size: refreshed when results land, at most every PREDICT_EVERY_S while tuning,
+        but at once when a pool gets its first valid result (its prediction goes) or the
+        pools change."""
+        mine = {p.key: p.records(records) for p in pools.values()}
+        basis = tuple((p.key, p.round, len(mine[p.key])) for p in pools.values())
+        measured = tuple((p.key, p.round, any(r.outcome == Outcome.OK for r in mine[p.key])) for p in pools.values())
+        done = all(p.done for p in pools.values())
+        last = self.predicted_gpus_for
+        if last is not None and (last[0] == basis or (
+                not done and last[1] == measured and mono - last[2] < PREDICT_EVERY_S)):
+            return
+        self.predicted_gpus_for = (basis, measured, mono)
+        self.gpu_predictions = self._gpu_predictions(pools, mine)
+
+    def _gpu_predictions(self, pools: Mapping[str, Pool],
+                         mine: Mapping[str, Sequence[TrialRecord]]) -> list[dict[str, Any]]:
+        from fleettune.fleetprediction import recommend
+        from fleettune.prediction import observations
+
+        observed = {key: observations(recs) for key, recs in mine.items()}
+        out: list[dict[str, Any]] = []
+        for pool in pools.values():
+            others = {p.spec.name: observed[p.key] for p in pools.values()
+                      if p.problem_size == pool.problem_size and p.spec.name != pool.spec.name}
+            try:
+                rec = recommend(observed[pool.key], others, _fits(pool.space))
+            except Exception:  # a prediction must never stop the tuning
+                self.log.exception("%s: prediction from the other GPUs failed", pool.key)
+                continue
+            if rec is not None:
+                entry = {"target": pool.spec.name, "problemSize": list(pool.problem_size), **rec.as_dict()}
+                out.append(entry | {"basis": entry["basis"][:BASIS_MAX]})
+        return out
 
     def _predictions(self, seed: int, pools_: Mapping[str, Pool], sizes: list[tuple[int, ...]],
                      records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
@@ -195,3 +242,19 @@ class Reporter:
                         entry["basis"] = f"prediction failed: {exc}"[:200]
                 out.append(entry)
         return out
+
+
+def _fits(space: Any) -> Callable[[dict[str, Any]], bool] | None:
+    """Whether a configuration is valid on a pool's device (its constraints); None: the
+    pool's space is not built yet (no node, so no device known)."""
+    if space is None:
+        return None
+    from fleettune.space import SpaceError
+
+    def fits(config: dict[str, Any]) -> bool:
+        try:
+            return bool(space.is_valid(space.to_rows([config]))[0])
+        except (SpaceError, KeyError, ValueError, TypeError):
+            return False
+
+    return fits
