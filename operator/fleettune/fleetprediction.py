@@ -9,12 +9,15 @@ reached 0.85–0.86 of the left-out GPU's optimum, copying a single other GPU's 
 0.67–0.84.
 
 * **consensus** (two or more other GPUs with valid results): among the configurations
-  measured valid on every one of them, the one with the smallest mean over them of
-  ``log(time / that GPU's best time)``; ties go to the configuration that sorts first
-  (its JSON with sorted keys), so the answer does not depend on the order of the records.
+  measured valid on any of them and failed on none, the one with the smallest mean over
+  them of ``log(time / that GPU's best time)``, where a GPU that did not measure a
+  configuration counts it at its median (pools that search on their own measure few of
+  the same configurations: without this, the consensus of a live run would be little
+  more than the default, which every pool measures first; where every GPU measured every
+  configuration, as in the offline measurement, it changes nothing). Ties go to the
+  configuration that sorts first (its JSON with sorted keys), so the answer does not
+  depend on the order of the records.
 * **one other GPU**: its best configuration.
-* **no configuration valid on all of them**: the best of the GPU with the most valid
-  configurations (ties: the name that sorts first), said in the basis.
 * **confidence** (three or more other GPUs): each of them left out in turn, the same rule
   on the rest, scored by the fraction of the left-out GPU's optimum it reaches (best time /
   its time; 0 where it failed or was never measured there). The mean, and the lowest and
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +50,12 @@ def config_key(config: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Table:
-    """One GPU's results: the best valid time of each configuration never failed there."""
+    """One GPU's results: the best valid time of each configuration never failed there,
+    and the configurations that failed there."""
 
     times: dict[str, float]
     configs: dict[str, dict[str, Any]]
+    failed: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, observed: Observed) -> Table:
@@ -62,7 +68,7 @@ class Table:
                 continue
             if key not in times or ms < times[key]:
                 times[key], configs[key] = ms, dict(config)
-        return cls(times, configs)
+        return cls(times, configs, frozenset(failed))
 
     @property
     def best(self) -> float:
@@ -88,21 +94,23 @@ class Pick:
 def pick(tables: Mapping[str, Table]) -> Pick:
     """The rule on ``tables`` (GPUs with at least one valid result each)."""
     names = sorted(tables)
-    if len(names) >= MIN_CONSENSUS:
-        common = set.intersection(*(set(tables[n].times) for n in names))
-        if common:
-            bests = {n: tables[n].best for n in names}
-            score = {k: sum(math.log(tables[n].times[k] / bests[n]) for n in names) / len(names) for k in common}
-            both = "both" if len(names) == 2 else f"all {len(names)}"
-            return Pick(sorted(common, key=lambda k: (score[k], k)), tables[names[0]].configs,
-                        f"gpus: consensus of {', '.join(names)} ({len(common)} configuration{'s' * (len(common) > 1)} "
-                        f"ran on {both})")
-        most = min(names, key=lambda n: (-len(tables[n].times), n))
-        return Pick(tables[most].ranked(), tables[most].configs,
-                    f"gpus: the best of {most} (no configuration ran valid on all of {', '.join(names)}; "
-                    "no consensus)")
-    (only,) = names
-    return Pick(tables[only].ranked(), tables[only].configs, f"gpus: the best of {only} (one other GPU; no consensus)")
+    if len(names) < MIN_CONSENSUS:
+        (only,) = names
+        return Pick(tables[only].ranked(), tables[only].configs,
+                    f"gpus: the best of {only} (one other GPU; no consensus)")
+    slow = {n: {k: math.log(t / tables[n].best) for k, t in tables[n].times.items()} for n in names}
+    typical = {n: statistics.median(slow[n].values()) for n in names}
+    failed = set().union(*(tables[n].failed for n in names))
+    candidates = set().union(*(slow[n] for n in names)) - failed
+    if not candidates:
+        return Pick([], {}, "gpus: no configuration ran valid on any of them")
+    score = {k: sum(slow[n].get(k, typical[n]) for n in names) / len(names) for k in candidates}
+    configs = {k: c for n in names for k, c in tables[n].configs.items()}
+    common = len(set.intersection(*(set(slow[n]) for n in names)))
+    everywhere = "both" if len(names) == 2 else f"all {len(names)}"
+    return Pick(sorted(candidates, key=lambda k: (score[k], k)), configs,
+                f"gpus: consensus of {', '.join(names)} ({common} configuration{'s' * (common != 1)} ran on "
+                f"{everywhere}; one a GPU did not measure counts at its median)")
 
 
 def leave_one_out(tables: Mapping[str, Table]) -> tuple[float, float, float, int] | None:

@@ -31,26 +31,29 @@ THREE: dict[str, list[tuple[dict[str, Any], float | None]]] = {
 }
 
 
-def test_the_consensus_is_the_smallest_mean_log_slow_down_among_configurations_valid_everywhere() -> None:
+def test_the_consensus_is_the_smallest_mean_log_slow_down_an_unmeasured_one_counting_at_the_median() -> None:
     c1, c2, c3, c4, c5 = ({"x": i} for i in range(1, 6))
     others = {
         # c4 failed on a: excluded although it is b's best; c5 ran on a only.
         "a": [(c1, 1.0), (c2, 1.2), (c3, 2.0), (c4, None), (c5, 0.9)],
         "b": [(c1, 2.2), (c2, 2.0), (c3, 2.0), (c4, 1.5)],
     }
-    # Slow-downs against each GPU's own best (a: c5 0.9, b: c4 1.5):
-    # c1 (log(1/0.9) + log(2.2/1.5)) / 2 = 0.244 beats c2 (2 log(4/3)) / 2 = 0.288.
-    assert (math.log(1 / 0.9) + math.log(2.2 / 1.5)) / 2 < math.log(4 / 3)
+    # Slow-downs against each GPU's own best (a: c5 0.9, b: c4 1.5); b never measured c5, so
+    # it counts at b's median slow-down, log(2/1.5): c5 (0 + 0.288) / 2 = 0.144 beats
+    # c1 (log(1/0.9) + log(2.2/1.5)) / 2 = 0.244 and c2 (2 log(4/3)) / 2 = 0.288.
+    b_median = math.log(2.0 / 1.5)
+    assert b_median / 2 < (math.log(1 / 0.9) + math.log(2.2 / 1.5)) / 2 < math.log(4 / 3)
     rec = recommend([], others)
-    assert rec is not None and rec.config == c1
-    assert rec.basis == ("gpus: consensus of a, b (3 configurations ran on both); "
-                         "no confidence: fewer than three other GPUs")
+    assert rec is not None and rec.config == c5
+    assert rec.basis == ("gpus: consensus of a, b (3 configurations ran on both; one a GPU did not measure counts "
+                         "at its median); no confidence: fewer than three other GPUs")
     out = rec.as_dict()
     assert out["source"] == "gpus" and "predictedMs" not in out and "expectedFraction" not in out
-    # A failure anywhere counts, even beside a valid time of the same configuration.
-    flaky = {"a": [*others["a"], (c1, None)], "b": others["b"]}
+    # A failure anywhere counts, even beside a valid time of the same configuration: without
+    # c5, a's best is c1, and c1 (0 + 0.383) / 2 = 0.19 beats c2 (0.182 + 0.288) / 2 = 0.235.
+    flaky = {"a": [*others["a"], (c5, None)], "b": others["b"]}
     rec = recommend([], flaky)
-    assert rec is not None and rec.config == c2
+    assert rec is not None and rec.config == c1
 
 
 def test_ties_go_to_the_configuration_that_sorts_first_whatever_the_order_of_the_results() -> None:
@@ -69,10 +72,11 @@ def test_one_other_target_gives_its_best_with_no_confidence() -> None:
     assert rec.expected_fraction is None and rec.expected_fraction_range is None
 
 
-def test_no_common_configuration_falls_back_to_the_best_of_the_most_measured_gpu() -> None:
+def test_without_a_configuration_in_common_each_gpu_counts_what_it_did_not_measure_at_its_median() -> None:
+    # a: P 0 (median 0); b: Q 0, R log 2 (median log 2 / 2): P scores log 2 / 4, Q 0, R log 2 / 2.
     rec = recommend([], {"a": [(P, 1.0)], "b": [(Q, 1.0), (R, 2.0)]})
     assert rec is not None and rec.config == Q
-    assert rec.basis.startswith("gpus: the best of b (no configuration ran valid on all of a, b; no consensus)")
+    assert rec.basis.startswith("gpus: consensus of a, b (0 configurations ran on both;")
 
 
 def test_three_other_targets_give_the_leave_one_out_confidence() -> None:
@@ -87,15 +91,16 @@ def test_three_other_targets_give_the_leave_one_out_confidence() -> None:
 
 
 def test_a_left_out_gpu_where_the_pick_failed_counts_zero() -> None:
-    # d measured p only and q failed: the consensus of all four is p, the only common one.
+    # d measured p only and q failed there: q is out, and of p (mean 0.576) and r (0.749,
+    # d counting it at its median, 0) the consensus of all four is p.
     others = {**THREE, "d": [(P, 1.0), (Q, None)]}
     rec = recommend([], others)
     assert rec is not None and rec.config == P
-    # Leaving a, b or c out, p is the only configuration the rest share; leaving d out, the
-    # rest pick q (see THREE), which failed on d.
-    fractions = [1 / 1, 1 / 2.5, 1 / 4, 0.0]
+    # Leaving a out, b, c, d pick r (0.462 < p 0.767): 1/5 on a; leaving b out, p: 1/2.5;
+    # leaving c out, p: 1/4; leaving d out, the rest pick q (see THREE), which failed on d.
+    fractions = [1 / 5, 1 / 2.5, 1 / 4, 0.0]
     assert rec.expected_fraction == pytest.approx(sum(fractions) / 4)
-    assert rec.expected_fraction_range == pytest.approx((0.0, 1.0))
+    assert rec.expected_fraction_range == pytest.approx((0.0, 1 / 2.5))
     assert "(1 had no valid time for it: counted 0)" in rec.basis
 
 
@@ -144,7 +149,7 @@ def test_a_target_without_results_is_recommended_the_others_consensus_until_it_h
     (pred,) = _gpus(reporter)
     # q leads the consensus (0.347 < p 0.458 < r 1.498), but l4 measured q and it failed.
     assert pred["target"] == "l4" and pred["problemSize"] == [64, 64] and pred["config"] == P
-    assert pred["basis"].startswith("gpus: consensus of a100, h100 (3 configurations ran on both)")
+    assert pred["basis"].startswith("gpus: consensus of a100, h100 (3 configurations ran on both;")
     assert "predictedMs" not in pred and "expectedFraction" not in pred
     # The status carries it as a Prediction (the CRD's schema).
     status = TuningRunStatus.model_validate({"predictions": reporter.predictions})
@@ -195,7 +200,11 @@ def test_a_planned_run_recommends_the_others_consensus_to_a_pool_waiting_for_its
     (pred,) = [p for p in f.status.get("predictions", []) if p["source"] == "gpus"]
     assert pred["target"] == "l4" and pred["basis"].startswith("gpus: consensus of a100, h100")
     valid = [{config_key(r.config) for r in f.records_of(t) if r.outcome == Outcome.OK} for t in ("a100", "h100")]
-    assert config_key(pred["config"]) in valid[0] & valid[1]
+    failed = {config_key(r.config) for t in ("a100", "h100") for r in f.records_of(t) if r.outcome != Outcome.OK}
+    assert config_key(pred["config"]) in (valid[0] | valid[1]) - failed
+    # Pools searching on their own share few configurations: the default, which both measure
+    # first, is not what the rule falls back to.
+    assert config_key(pred["config"]) != config_key(CONV["kernel"]["defaultConfig"])
     f.set_nodes({**f.nodes, "gpu-2": node("l4")})
     for _ in range(6):
         f.advance(31)
