@@ -227,8 +227,9 @@ def _slowdowns(row: Row) -> dict[str, float]:
 
 
 class Fleet:
-    """The fleet's consensus: where training rows of the same problem on other devices
-    have times, the configurations that ran on all of them, by the mean over those
+    """The fleet's consensus, the rule the operator recommends to a GPU with no result yet
+    (`fleettune.fleetprediction`): where training rows of the same problem on other
+    devices have times, the configurations that ran on them, by the mean over those
     devices of log(time / that device's best). One row per device (the first by key);
     ``[]`` where no other device has times.
 
@@ -263,9 +264,20 @@ class Fleet:
         return common, np.array([[s[c] for c in common] for s in slow])
 
     def rank(self, row: Row, k: int) -> list[dict[str, Any]]:
-        configs, slow = self._consensus(row)
-        mean = slow.mean(axis=0) if configs else slow
-        return [_config(configs[j]) for j in np.argsort(mean, kind="stable")[:k]]
+        """The operator's own rule (`fleettune.fleetprediction.pick`), on the other devices."""
+        from fleettune.fleetprediction import Table, pick
+
+        tables = {}
+        for r in _same_problem_elsewhere(self._index, row):
+            if r.times and r.device not in tables:
+                observed = [(_config(c), t) for c, t in r.times.items() if c not in r.invalid]
+                table = Table.of([*observed, *((_config(c), None) for c in r.invalid)])
+                if table.times:
+                    tables[r.device] = table
+        if not tables:
+            return []
+        chosen = pick(tables)
+        return [chosen.configs[key] for key in chosen.ranked[:k]]
 
     def rank_measured(self, row: Row, k: int, measure: Measure) -> list[dict[str, Any]]:
         configs, slow = self._consensus(row)
