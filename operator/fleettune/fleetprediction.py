@@ -20,8 +20,9 @@ reached 0.85–0.86 of the left-out GPU's optimum, copying a single other GPU's 
 * **one other GPU**: its best configuration.
 * **confidence** (three or more other GPUs): each of them left out in turn, the same rule
   on the rest, scored by the fraction of the left-out GPU's optimum it reaches (best time /
-  its time; 0 where it failed or was never measured there). The mean, and the lowest and
-  highest, are the expected fraction and its range.
+  its time; 0 where it failed there; a GPU that never measured it is left out, and when
+  none did there is no confidence). The mean, and the lowest and highest, are the expected
+  fraction and its range.
 
 A configuration with a failed measurement on a GPU counts as failed there (a flaky one is
 no recommendation), and one that failed on the GPU being predicted for, or that
@@ -42,6 +43,7 @@ Observed = Sequence[tuple[Mapping[str, Any], float | None]]  # (configuration, m
 MIN_CONSENSUS = 2  # other GPUs for a consensus
 MIN_CONFIDENCE = 3  # other GPUs to leave one out and still have a consensus of the rest
 NO_CONFIDENCE = "no confidence: fewer than three other GPUs"
+NOT_MEASURED = "no confidence yet: no GPU left out has measured what the others pick"
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -115,8 +117,9 @@ def pick(tables: Mapping[str, Table]) -> Pick:
 
 def leave_one_out(tables: Mapping[str, Table]) -> tuple[float, float, float, int] | None:
     """(mean, lowest, highest) fraction of the left-out GPU's optimum that the rule on the
-    others reaches, and on how many left-out GPUs the pick had no valid time; None with fewer
-    than MIN_CONFIDENCE GPUs."""
+    others reaches — 0 where the pick failed there; a left-out GPU that never measured the
+    pick tells nothing and is left out — and how many were left out so; None with fewer
+    than MIN_CONFIDENCE GPUs or when none measured the pick of the rest."""
     if len(tables) < MIN_CONFIDENCE:
         return None
     fractions: list[float] = []
@@ -124,8 +127,14 @@ def leave_one_out(tables: Mapping[str, Table]) -> tuple[float, float, float, int
     for out in sorted(tables):
         chosen = pick({n: t for n, t in tables.items() if n != out}).ranked[0]
         ms = tables[out].times.get(chosen)
-        fractions.append(tables[out].best / ms if ms is not None else 0.0)
-        unmeasured += ms is None
+        if ms is not None:
+            fractions.append(tables[out].best / ms)
+        elif chosen in tables[out].failed:
+            fractions.append(0.0)
+        else:
+            unmeasured += 1
+    if not fractions:
+        return None
     return sum(fractions) / len(fractions), min(fractions), max(fractions), unmeasured
 
 
@@ -170,13 +179,13 @@ def recommend(own: Observed, others: Mapping[str, Observed],
         parts.append(f"{skipped} better one(s) failed here or are invalid on this GPU")
     loo = leave_one_out(tables)
     if loo is None:
-        parts.append(NO_CONFIDENCE)
+        parts.append(NO_CONFIDENCE if len(tables) < MIN_CONFIDENCE else NOT_MEASURED)
         return FleetRecommendation(config, "; ".join(parts))
     mean, low, high, unmeasured = loo
     said = (f"confidence: each of the {len(tables)} left out in turn, the consensus of the rest reached "
             f"{mean:.2f} ({low:.2f}..{high:.2f}) of its optimum")
     if unmeasured:
-        said += f" ({unmeasured} had no valid time for it: counted 0)"
+        said += f" ({unmeasured} never measured it: left out)"
     parts.append(said)
     return FleetRecommendation(config, "; ".join(parts), mean, (low, high))
 

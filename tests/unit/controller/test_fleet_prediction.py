@@ -101,7 +101,17 @@ def test_a_left_out_gpu_where_the_pick_failed_counts_zero() -> None:
     fractions = [1 / 5, 1 / 2.5, 1 / 4, 0.0]
     assert rec.expected_fraction == pytest.approx(sum(fractions) / 4)
     assert rec.expected_fraction_range == pytest.approx((0.0, 1 / 2.5))
-    assert "(1 had no valid time for it: counted 0)" in rec.basis
+    assert "never measured" not in rec.basis
+
+
+def test_a_left_out_gpu_that_never_measured_the_pick_tells_nothing() -> None:
+    # d measured p only (its median slow-down: 0). Leaving a out, b, c, d pick q: 1/2 on a;
+    # leaving b out, p: 1/2.5; leaving c out, q: 1/3; leaving d out, q, which d never ran.
+    rec = recommend([], {**THREE, "d": [(P, 1.0)]})
+    assert rec is not None
+    assert rec.expected_fraction == pytest.approx((1 / 2 + 1 / 2.5 + 1 / 3) / 3)
+    assert rec.expected_fraction_range == pytest.approx((1 / 3, 1 / 2))
+    assert "(1 never measured it: left out)" in rec.basis
 
 
 def test_configurations_that_failed_here_or_do_not_fit_this_gpu_are_skipped() -> None:
