@@ -47,6 +47,7 @@ NOT_MEASURED = "no confidence yet: no GPU left out has measured what the others 
 
 
 def config_key(config: Mapping[str, Any]) -> str:
+    """A configuration's canonical key (parameter order does not matter)."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
 
 

@@ -159,32 +159,33 @@ class Reporter:
 
     def _predict(self, spec: TuningRunSpec, pools: Mapping[str, Pool], records: Sequence[TrialRecord],
                  mono: float) -> None:
-        self._predict_sizes(spec, pools, records, mono)
-        self._predict_gpus(pools, records, mono)
+        mine = {p.key: p.records(records) for p in pools.values()}
+        self._predict_sizes(spec, pools, mine, mono)
+        self._predict_gpus(pools, mine, mono)
         self.predictions = self.size_predictions + self.gpu_predictions
 
-    def _predict_sizes(self, spec: TuningRunSpec, pools: Mapping[str, Pool], records: Sequence[TrialRecord],
-                       mono: float) -> None:
+    def _predict_sizes(self, spec: TuningRunSpec, pools: Mapping[str, Pool],
+                       mine: Mapping[str, Sequence[TrialRecord]], mono: float) -> None:
         """Recommendations for spec.predictFor from the tuned sizes, refreshed when results
         land (at most every PREDICT_EVERY_S while tuning, since each fits a GP)."""
         if not spec.predict_for:
             self.size_predictions = []
             return
         sizes = [tuple(s) for s in spec.predict_for]
-        basis = tuple((p.key, p.round, len(p.records(records))) for p in pools.values())
+        basis = tuple((p.key, p.round, len(mine[p.key])) for p in pools.values())
         done = all(p.done for p in pools.values())
         last = self.predicted_for
         if last is not None and (last[0] == (basis, sizes) or (not done and mono - last[1] < PREDICT_EVERY_S)):
             return
         self.predicted_for = ((basis, sizes), mono)
-        self.size_predictions = self._predictions(spec.strategy.seed, pools, sizes, records)
+        self.size_predictions = self._predictions(spec.strategy.seed, pools, sizes, mine)
 
-    def _predict_gpus(self, pools: Mapping[str, Pool], records: Sequence[TrialRecord], mono: float) -> None:
+    def _predict_gpus(self, pools: Mapping[str, Pool], mine: Mapping[str, Sequence[TrialRecord]],
+                      mono: float) -> None:
         """Recommendations for the pools with no valid result yet, from the other targets at
         their size: refreshed when results land, at most every PREDICT_EVERY_S while tuning,
         but at once when a pool gets its first valid result (its prediction goes) or the
         pools change."""
-        mine = {p.key: p.records(records) for p in pools.values()}
         basis = tuple((p.key, p.round, len(mine[p.key])) for p in pools.values())
         measured = tuple((p.key, p.round, any(r.outcome == Outcome.OK for r in mine[p.key])) for p in pools.values())
         done = all(p.done for p in pools.values())
@@ -216,7 +217,7 @@ class Reporter:
         return out
 
     def _predictions(self, seed: int, pools_: Mapping[str, Pool], sizes: list[tuple[int, ...]],
-                     records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
+                     mine: Mapping[str, Sequence[TrialRecord]]) -> list[dict[str, Any]]:
         from fleettune.prediction import observations, recommend
 
         out: list[dict[str, Any]] = []
@@ -225,7 +226,7 @@ class Reporter:
             by_target.setdefault(pool.spec.name, []).append(pool)
         for target, pools in by_target.items():
             space = next((p.space for p in pools if p.space is not None), None)
-            observed = {p.problem_size: observations(p.records(records)) for p in pools}
+            observed = {p.problem_size: observations(mine[p.key]) for p in pools}
             for size in sizes:
                 entry: dict[str, Any] = {"target": target, "problemSize": list(size)}
                 if space is None or not any(v for recs in observed.values() for _, v in recs):

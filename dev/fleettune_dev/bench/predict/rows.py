@@ -10,18 +10,14 @@ works on every kind of data that carries what it needs.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from fleettune.fleetprediction import config_key
+
 Config = Mapping[str, Any]
 Descriptor = Mapping[str, float | int | str]
-
-
-def config_key(config: Config) -> str:
-    """A configuration's canonical key (parameter order does not matter)."""
-    return json.dumps({k: config[k] for k in sorted(config)}, sort_keys=True, default=str)
 
 
 def stable_hash(text: str) -> int:
