@@ -16,6 +16,18 @@ Data keys:
   simulator's results; absent when they were),
   and ``<pool>.sizes`` listing the tuned sizes, with ``<size>`` = ``2048x2048``.
 
+With ``spec.publish.includePredicted``, the run's predictions (``status.predictions``) fill
+the (pool, size) slots that have no measured entry: in ``tuned.json`` with ``"source":
+"predicted"``, ``basis`` (``sizes`` or ``gpus``) and, where known, ``predictedMs``,
+``expectedFraction`` and ``expectedFractionRange``; flat keys ``<pool>.<size>.<param>``,
+``<pool>.<size>.source`` = ``predicted``, ``<pool>.<size>.basis`` and
+``<pool>.<size>.expected_fraction``, and ``<pool>.predicted_sizes``. Measured entries carry
+no ``source`` key (as before, so readers of earlier versions and an unchanged result keep
+the same bytes). A measured entry always takes the slot, kept old-round entries included;
+predictions are never read back (each publish takes the run's current ones), and they are
+left out first, last slots first, when the data would exceed the ConfigMap's budget
+(``predictedLeftOut`` in ``tuned.json`` counts them).
+
 Everything is sorted and free of timestamps of its own, so writing an unchanged result
 (server-side apply, a restarted operator) is a no-op. One object, written in one call:
 an application never sees half an update.
@@ -38,7 +50,7 @@ import json
 import math
 import re
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
@@ -113,6 +125,45 @@ class PublishedEntry(BaseModel):
         )
 
 
+class PredictedEntry(BaseModel):
+    """A prediction for a (pool, size) with no measured entry (`Prediction` of the status)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    pool: str
+    problem_size: ProblemSize = Field(min_length=1)
+    config: dict[str, Any]
+    basis: Literal["sizes", "gpus"]  # the Prediction's source: the pool's other sizes, or the other GPUs
+    kernel: str = ""
+    predicted_ms: float | None = None
+    expected_fraction: float | None = None
+    expected_fraction_range: tuple[float, float] | None = None
+
+    @property
+    def slot(self) -> tuple[str, ProblemSize]:
+        return self.pool, self.problem_size
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pool": self.pool, "problemSize": list(self.problem_size), "config": self.config,
+                               "source": "predicted", "basis": self.basis}
+        if self.kernel:
+            out["kernel"] = self.kernel
+        if self.predicted_ms is not None and self.predicted_ms > 0:
+            out["predictedMs"] = _significant(self.predicted_ms)
+        if self.expected_fraction is not None:
+            out["expectedFraction"] = _significant(self.expected_fraction)
+        if self.expected_fraction_range is not None:
+            out["expectedFractionRange"] = [_significant(v) for v in self.expected_fraction_range]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PredictedEntry:
+        return cls(pool=data["pool"], problem_size=tuple(data["problemSize"]), config=dict(data["config"]),
+                   basis=data["basis"], kernel=str(data.get("kernel", "")), predicted_ms=data.get("predictedMs"),
+                   expected_fraction=data.get("expectedFraction"),
+                   expected_fraction_range=data.get("expectedFractionRange"))
+
+
 def _significant(v: float) -> float:
     # Six significant digits: enough for any timing, and stable across float noise.
     return float(f"{v:.6g}")
@@ -134,9 +185,10 @@ def _value(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
 
-def flat_keys(entries: Iterable[PublishedEntry]) -> dict[str, str]:
+def flat_keys(entries: Iterable[PublishedEntry], predicted: Iterable[PredictedEntry] = ()) -> dict[str, str]:
     out: dict[str, str] = {}
     sizes: dict[str, list[ProblemSize]] = {}
+    guessed: dict[str, list[ProblemSize]] = {}
     for e in entries:
         prefix = f"{e.pool}.{size_key(e.problem_size)}"
         for name, value in e.config.items():
@@ -149,8 +201,20 @@ def flat_keys(entries: Iterable[PublishedEntry]) -> dict[str, str]:
         if not e.verified:
             out[safe_key(f"{prefix}.verified")] = "false"
         sizes.setdefault(e.pool, []).append(e.problem_size)
-    for pool, tuned in sizes.items():
-        out[safe_key(f"{pool}.sizes")] = ",".join(size_key(s) for s in sorted(tuned))
+    for p in predicted:
+        prefix = f"{p.pool}.{size_key(p.problem_size)}"
+        for name, value in p.config.items():
+            out[safe_key(f"{prefix}.{name}")] = _value(value)
+        out[safe_key(f"{prefix}.source")] = "predicted"
+        out[safe_key(f"{prefix}.basis")] = p.basis
+        if p.kernel:
+            out[safe_key(f"{prefix}.kernel")] = p.kernel
+        if p.expected_fraction is not None:
+            out[safe_key(f"{prefix}.expected_fraction")] = _value(_significant(p.expected_fraction))
+        guessed.setdefault(p.pool, []).append(p.problem_size)
+    for key, by_pool in (("sizes", sizes), ("predicted_sizes", guessed)):
+        for pool, listed in by_pool.items():
+            out[safe_key(f"{pool}.{key}")] = ",".join(size_key(s) for s in sorted(listed))
     return out
 
 
@@ -158,15 +222,46 @@ def _sorted(entries: Iterable[PublishedEntry]) -> list[PublishedEntry]:
     return sorted(entries, key=lambda e: e.slot)
 
 
-def configmap_data(run_name: str, entries: Iterable[PublishedEntry]) -> dict[str, str]:
-    ordered = _sorted(entries)
-    doc = {"schema": SCHEMA, "run": run_name, "entries": [e.to_json() for e in ordered]}
+def _data(run_name: str, ordered: list[PublishedEntry], predicted: list[PredictedEntry],
+          left_out: int) -> tuple[dict[str, str], int]:
+    """The data and its size in bytes."""
+    rows = sorted([*((e.slot, e.to_json()) for e in ordered), *((p.slot, p.to_json()) for p in predicted)],
+                  key=lambda row: row[0])
+    doc: dict[str, Any] = {"schema": SCHEMA, "run": run_name, "entries": [row[1] for row in rows]}
+    if left_out:
+        doc["predictedLeftOut"] = left_out
     data = {TUNED_JSON: json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False) + "\n"}
-    flat = flat_keys(ordered)
+    flat = flat_keys(ordered, predicted)
     if TUNED_JSON in flat:  # a pool named "tuned" with a size "json" cannot exist, but be sure
         raise ValueError(f"flat key {TUNED_JSON!r} collides with the JSON document")
     data |= flat
-    size = sum(len(k) + len(v.encode()) for k, v in data.items())
+    return data, sum(len(k) + len(v.encode()) for k, v in data.items())
+
+
+def configmap_data(run_name: str, entries: Iterable[PublishedEntry],
+                   predicted: Iterable[PredictedEntry] = ()) -> dict[str, str]:
+    """The ConfigMap's data: ``predicted`` fills the slots no entry holds, as many of them
+    (first slots first) as fit; the measured entries must fit (ValueError otherwise)."""
+    ordered = _sorted(entries)
+    taken = {e.slot for e in ordered}
+    guesses: dict[tuple[str, ProblemSize], list[PredictedEntry]] = {}
+    for p in predicted:
+        if p.slot not in taken:
+            guesses.setdefault(p.slot, []).append(p)
+    # One per slot whatever the order given: "gpus" (the other GPUs at this very size) first.
+    fill = [min(guesses[slot], key=lambda p: (p.basis, json.dumps(p.to_json(), sort_keys=True)))
+            for slot in sorted(guesses)]
+    data, size = _data(run_name, ordered, fill, 0)
+    if size > MAX_BYTES and fill:
+        # The largest number of predictions that fits (the size grows with each one kept).
+        low, high = 0, len(fill) - 1
+        while low < high:
+            mid = (low + high + 1) // 2
+            if _data(run_name, ordered, fill[:mid], len(fill) - mid)[1] <= MAX_BYTES:
+                low = mid
+            else:
+                high = mid - 1
+        data, size = _data(run_name, ordered, fill[:low], len(fill) - low)
     if size > MAX_BYTES:
         raise ValueError(f"published data would be {size} bytes, over the {MAX_BYTES}-byte ConfigMap budget")
     return dict(sorted(data.items()))
@@ -233,7 +328,8 @@ def read_entries(data: Mapping[str, str] | None) -> list[PublishedEntry]:
         return []
     try:
         doc = json.loads(raw)
-        return [PublishedEntry.from_json(e) for e in doc.get("entries", [])]
+        # Predictions are not results: each publish takes the run's current ones instead.
+        return [PublishedEntry.from_json(e) for e in doc.get("entries", []) if e.get("source") != "predicted"]
     except (ValueError, KeyError, TypeError, AttributeError, ValidationError):
         return []
 
@@ -295,9 +391,12 @@ def merge_entries(
 
 def publish_plan(
     run_name: str, current_data: Mapping[str, str] | None, new_entries: Iterable[PublishedEntry],
-    pools: Collection[str] | None = None, kernel: str | None = None,
+    pools: Collection[str] | None = None, kernel: str | None = None, predicted: Iterable[PredictedEntry] = (),
 ) -> dict[str, str] | None:
     """The data to write, or None when the ConfigMap already says exactly that (also
-    repairs hand-edited or truncated flat keys)."""
-    desired = configmap_data(run_name, merge_entries(read_entries(current_data), new_entries, pools, kernel))
+    repairs hand-edited or truncated flat keys). ``predicted``: the run's predictions, for
+    the slots left without a measured entry."""
+    measured = merge_entries(read_entries(current_data), new_entries, pools, kernel)
+    guesses = [p for p in predicted if pools is None or p.pool in pools]
+    desired = configmap_data(run_name, measured, guesses)
     return None if dict(current_data or {}) == desired else desired

@@ -391,6 +391,8 @@ class PublishSpec(Model):
     retain_on_delete: bool = Field(
         default=False, description="Keep the ConfigMap when the run is deleted (applications keep starting)."
     )
+    include_predicted: bool = Field(default=False, description="Also publish status.predictions for each pool and "
+                                    "size with no measured best, marked source=predicted (a measurement replaces it).")
 
 
 class TuningRunSpec(Model):

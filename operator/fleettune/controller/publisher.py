@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
-from fleettune.api import PublishSpec
+from fleettune.api import Prediction, PublishSpec
 from fleettune.controller.kube import Kube
 from fleettune.controller.pool import Pool
 from fleettune.fingerprint import GpuFingerprint
 from fleettune.names import bounded
-from fleettune.published import PublishedEntry, not_ours, publish_plan, published_configmap
+from fleettune.published import PredictedEntry, PublishedEntry, not_ours, publish_plan, published_configmap
 from fleettune.results import TrialRecord
 from fleettune.rollup import PUBLISH_FAILED, PUBLISH_REFUSED, outputs_unverified, ranked
 
@@ -41,6 +42,26 @@ def entries(pools: Iterable[Pool], records: Sequence[TrialRecord], kernel: str) 
                 trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at, kernel=kernel,
                 verified=not outputs_unverified(mine),
             ))
+    return out
+
+
+def predicted(predictions: Iterable[Prediction | Mapping[str, Any]], kernel: str) -> list[PredictedEntry]:
+    """The run's predictions (`status.predictions`, as models or in their camelCase form)
+    that recommend a configuration, as entries to publish for their slots."""
+    out = []
+    for raw in predictions:
+        try:
+            p = raw if isinstance(raw, Prediction) else Prediction.model_validate(raw)
+        except ValidationError:
+            continue  # a malformed one is no recommendation
+        if p.config is None:
+            continue  # no valid result to predict from yet, or the prediction failed
+        low_high = p.expected_fraction_range
+        out.append(PredictedEntry(
+            pool=p.target, problem_size=tuple(p.problem_size), config=p.config, basis=p.source, kernel=kernel,
+            predicted_ms=p.predicted_ms, expected_fraction=p.expected_fraction,
+            expected_fraction_range=(low_high[0], low_high[1]) if low_high else None,
+        ))
     return out
 
 
@@ -88,7 +109,9 @@ class Publisher:
         return self.target.config_map_name if self.target is not None and self.problem is not None else None
 
     async def publish(self, target: PublishSpec | None, pools: set[str], best: list[PublishedEntry],
-                      kernel: str) -> None:
+                      kernel: str, predictions: Iterable[Prediction | Mapping[str, Any]] = ()) -> None:
+        """``predictions``: the run's (`status.predictions`), published where ``target``
+        includes them."""
         self.target = target
         if target is None:
             self.problem = None
@@ -101,7 +124,8 @@ class Publisher:
                 await self._read(name)
             if self.problem is not None:
                 return
-            data = publish_plan(self.run, self.data, best, pools=pools, kernel=kernel)
+            guesses = predicted(predictions, kernel) if target.include_predicted else []
+            data = publish_plan(self.run, self.data, best, pools=pools, kernel=kernel, predicted=guesses)
             if data is None:
                 self.error = None
                 return

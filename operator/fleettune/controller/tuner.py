@@ -181,7 +181,8 @@ class RunLoop:
         if plan.report.targets:  # publishing first: a refusal shows in the status written just after
             kernel = kernel_identity(self.planner.space_hash or "", self.planner.source.digest)
             best = entries(self.planner.pools.values(), Records([*self.store.records, *plan.early]), kernel)
-            await self.publisher.publish(spec.publish, {t.name for t in spec.targets}, best, kernel)
+            await self.publisher.publish(spec.publish, {t.name for t in spec.targets}, best, kernel,
+                                         self.planner.reporter.predictions)
         await self._write_status(plan.report)
 
     async def _record_and_launch(self, plan: Plan) -> None:
