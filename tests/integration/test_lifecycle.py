@@ -162,7 +162,7 @@ def test_live_edits_and_reapplying_the_same_manifest(cluster, namespace, simulat
 def test_several_problem_sizes_tune_in_turn_warm_started_publish_each_and_predict_another(
     cluster, namespace, simulator, operator
 ):
-    doc = _a100_only("sizes", "Manual", budget=6, publish={"configMapName": "sizes-tuned"},
+    doc = _a100_only("sizes", "Manual", budget=6, publish={"configMapName": "sizes-tuned", "includePredicted": True},
                      predictFor=[[8192, 8192], [64]])
     kernel = doc["spec"]["kernel"]
     problem_size = kernel.pop("problemSize")
@@ -215,6 +215,12 @@ def test_several_problem_sizes_tune_in_turn_warm_started_publish_each_and_predic
     # Four times the work of the largest tuned size: slower than its best.
     assert eight["predictedMs"] > targets[0]["best"]["objectiveMs"] and set(eight["config"]) == set(best_big.config)
     assert predictions[(64,)]["basis"].startswith("spec.predictFor:") and "config" not in predictions[(64,)]
+    # Opted in, the ConfigMap carries the prediction beside the measured sizes, marked so.
+    data = wait_for(lambda: (d := _published(cluster, namespace, "sizes-tuned")).get("a100.predicted_sizes") and d,
+                    60, "the published prediction")
+    assert data["a100.predicted_sizes"] == "8192x8192" and data["a100.sizes"] == "2048x2048,4096x4096"
+    assert data["a100.8192x8192.source"] == "predicted" and data["a100.8192x8192.basis"] == "sizes"
+    assert {k: int(data[f"a100.8192x8192.{k}"]) for k in eight["config"]} == eight["config"]
 
 
 def test_the_same_seed_repeats_a_sequential_run_exactly(cluster, namespace, simulator, operator):

@@ -152,6 +152,8 @@ def test_a_pool_scaled_to_zero_keeps_one_trial_pending_for_an_autoscaler_then_sa
     assert len(plan.create) == 1, "one pending trial Pod: what a cluster autoscaler scales up for"
     assert f.target()["phase"] == "Running" and not _degraded(f)
     assert "yet: 1 trial kept pending for a cluster autoscaler" in f.target()["message"]
+    ready = next(c for c in f.status["conditions"] if c["type"] == "Ready")  # type: ignore[index]
+    assert ready["message"].startswith("a100: no node matches") and "autoscaler" in ready["message"]
     deadline = plan.create[0]["spec"]["activeDeadlineSeconds"]
     assert deadline > 600, "waiting for the node must not time the trial out"
     f.advance(300)
