@@ -101,7 +101,10 @@ def pick(tables: Mapping[str, Table]) -> Pick:
         (only,) = names
         return Pick(tables[only].ranked(), tables[only].configs,
                     f"gpus: the best of {only} (one other GPU; no consensus)")
-    slow = {n: {k: math.log(t / tables[n].best) for k, t in tables[n].times.items()} for n in names}
+    # Each GPU's best once: inside the comprehension it is a min per configuration, which
+    # takes minutes on a complete recording (thousands of configurations, six GPUs).
+    best = {n: tables[n].best for n in names}
+    slow = {n: {k: math.log(t / best[n]) for k, t in tables[n].times.items()} for n in names}
     typical = {n: statistics.median(slow[n].values()) for n in names}
     failed = set().union(*(tables[n].failed for n in names))
     candidates = set().union(*(slow[n] for n in names)) - failed

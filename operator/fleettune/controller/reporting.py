@@ -121,10 +121,10 @@ class Reporter:
             return Report(phase, targets, reason, message, finished=True, queue=queue)
         # A pool that waits for an autoscaler's node is named: "0 trials running, 1 pending"
         # alone does not say that nothing will run until a node comes.
-        by_key = {t.name: t for t in targets}
-        waiting = [f"{k}: {p.message}" for k, p in pools.items()
-                   if p.nodes_missing_since is not None and not p.done and k in by_key and p.message]
-        stuck = [t.message for t in targets if t.phase == PoolPhase.UNSCHEDULABLE.value] + waiting + delayed
+        names = {t.name for t in targets}
+        no_node = [f"{k}: {p.message}" for k, p in pools.items()
+                   if p.nodes_missing_since is not None and not p.done and k in names and p.message]
+        stuck = [t.message for t in targets if t.phase == PoolPhase.UNSCHEDULABLE.value] + no_node + delayed
         queued, pending = sum(t.queued for t in targets), sum(t.pending for t in targets)
         message = "; ".join(stuck) or f"{sum(t.running for t in targets)} trials running" + (
             f", {pending} pending" if pending else "") + (f", {queued} queued" if queued else "")
