@@ -294,6 +294,7 @@ class BudgetSpec(Model):
         description="GPU seconds of verification and timing per trial Pod that batch sizes aim at when "
         "trialsPerPod is unset.",
     )
+    stop_when_predicted: bool = Field(default=False, description="Try a confident prediction first; stop if it holds.")
 
 
 class TargetSpec(Model):

@@ -166,7 +166,7 @@ class Planner:
         pool.round += 1
         pool.round_started = wall
         pool.tuned_for = pool.current.fingerprint if pool.current is not None else None
-        pool.stale, pool.study, pool.prior_dropped, pool.requeue = None, None, False, []
+        pool.stale, pool.study, pool.prior_dropped, pool.requeue, pool.predicted = None, None, False, [], None
         pool.move(PoolPhase.RUNNING, f"round {pool.round}: {reason}")
         self.log.info("%s: %s", pool.key, pool.message)
         self.events.append(("Normal", "Retune", f"{pool.key}: {pool.message}"))
@@ -334,7 +334,8 @@ class Planner:
         self._feed_studies(records)
         run = StepContext(name=self.name, namespace=self.namespace, uid=self.uid, spec=self.spec,
                           source_digest=self.source.digest, policy=self.policy, node_wait_s=self.node_wait_s,
-                          fleet=self.fleet, log=self.log, events=self.events, capacity_notes=self.capacity_notes)
+                          fleet=self.fleet, log=self.log, events=self.events, capacity_notes=self.capacity_notes,
+                          predictions=self.reporter.gpu_predictions)
         for pool in self.pools.values():
             if pool.study is not None and not pool.done and not waiting:
                 advance(run, pool, running.setdefault(pool.key, []), records, early, obs.wall, plan)

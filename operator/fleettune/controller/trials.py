@@ -9,13 +9,18 @@ pool's new Jobs need of the run (`StepContext`). `advance` moves the pool (its p
 re-queued configurations) and fills the plan: Jobs to create, Jobs to delete, records of
 the trials it stops. A Job it renders joins the pool's running Jobs, parsed like those the
 shell read (`controller.observed.parse_job`).
+
+With ``budget.stopWhenPredicted``, a pool's first Pods also measure the fleet's confident
+prediction for it (`confident_prediction`), and the pool stops once that configuration
+held up (`confirmation`, `optimize.stopping.prediction_confirmed`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,7 +37,16 @@ from fleettune.fingerprint import eligibility_affinity, pinning_selector
 from fleettune.jobs import queue_of, render_job
 from fleettune.labels import ROUND_LABEL
 from fleettune.names import bounded
-from fleettune.optimize.stopping import Budget, Progress, Verdict, pool_verdict
+from fleettune.optimize.stopping import (
+    DEFAULT_MIN_GAIN,
+    Budget,
+    Progress,
+    Verdict,
+    confident,
+    confirmed_message,
+    pool_verdict,
+    prediction_confirmed,
+)
 from fleettune.results import TrialRecord
 from fleettune_job.protocol import Outcome
 
@@ -63,6 +77,8 @@ class StepContext:
     log: logging.Logger | logging.LoggerAdapter[Any]
     events: list[Event] = field(default_factory=list)  # the planner's events, appended to
     capacity_notes: dict[str, str] = field(default_factory=dict)  # pool key -> why it runs fewer Pods
+    # The run's predictions from the other GPUs (status.predictions, `source: gpus`).
+    predictions: Sequence[Mapping[str, Any]] = ()
 
     def queue(self, pool: Pool) -> QueueSpec | None:
         return pool_queue(self.spec, pool, self.policy)
@@ -99,6 +115,46 @@ def _withdraw(run: StepContext, pool: Pool, running: list[ObservedJob], plan: Pl
     running.clear()
 
 
+def confident_prediction(pool: Pool, predictions: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """The pool's prediction from the other GPUs (its target and size), as (key,
+    configuration), when it is confident (`optimize.stopping.confident`) and a valid
+    candidate of the pool's space: it may have been made before the pool had a device,
+    without that device's constraints. None otherwise."""
+    from fleettune.space import SpaceError
+
+    assert pool.space is not None
+    entry = next((p for p in predictions if p.get("source") == "gpus" and p.get("target") == pool.spec.name
+                  and list(p.get("problemSize") or ()) == list(pool.problem_size)), None)
+    if entry is None or not confident(entry.get("expectedFractionRange")):
+        return None
+    config = dict(entry.get("config") or {})
+    try:
+        if bool(pool.space.is_valid(pool.space.to_rows([config]))[0]):
+            return pool.space.key(config), config
+    except (SpaceError, KeyError, ValueError, TypeError):
+        pass
+    return None
+
+
+def confirmation(pool: Pool, mine: Sequence[TrialRecord]) -> str | None:
+    """The pool's message when its predicted configuration held up
+    (`optimize.stopping.prediction_confirmed`, against the strategy's ``min_gain``), else None."""
+    if pool.predicted is None or pool.study is None:
+        return None
+    key = pool.predicted[0]
+    measured = sorted((r for r in mine if r.is_observation), key=lambda r: r.index)
+    own = next((r for r in measured if r.key == key), None)
+    if own is None:
+        return None
+
+    def time_of(r: TrialRecord) -> float:
+        return r.objective if r.outcome == Outcome.OK and r.objective else math.nan
+
+    others = [time_of(r) for r in measured if r is not own]
+    gain = float(getattr(pool.study.strategy.options, "min_gain", DEFAULT_MIN_GAIN))
+    return confirmed_message(key, gain, len(others)) if prediction_confirmed(time_of(own), others, gain=gain) else None
+
+
 def advance(run: StepContext, pool: Pool, running: list[ObservedJob], records: Sequence[TrialRecord],
             early: Container[tuple[str, int]], wall: float, plan: Plan) -> None:
     """Into `plan` and `pool`: the pool's next step (`running`: its running Jobs, which the
@@ -117,6 +173,7 @@ def advance(run: StepContext, pool: Pool, running: list[ObservedJob], records: S
         elapsed_s=wall - (pool.round_started or wall), running=len(running),
         last_infra_error=next((r.error for r in reversed(infra) if r.error), ""),
         study_reason=pool.study.should_stop(patience=budget.patience) if budget.patience is not None else None,
+        confirmed=confirmation(pool, mine) if budget.stop_when_predicted else None,
     )
     if _ends(pool, running, plan, pool_verdict(rules, progress)):
         return
@@ -138,8 +195,20 @@ def advance(run: StepContext, pool: Pool, running: list[ObservedJob], records: S
     aim, sizes = batch_sizes(budget, pool.study.learns, mine, slots, left, default_first, observations,
                              len(in_flight), at_once)
     configs: list[dict[str, Any]] = [pool.default_config] if default_first and pool.default_config else []
-    # What preempted Jobs did not measure goes first: it was chosen already, and is still unmeasured.
     taken = keys | ({pool.default_key} if default_first else set())
+    if budget.stop_when_predicted and pool.predicted is None and not mine and not in_flight:
+        # The round's first Pods: the fleet's prediction is measured beside the default.
+        pool.predicted = confident_prediction(pool, run.predictions)
+        if pool.predicted is not None and (key := pool.predicted[0]) not in taken:
+            if sum(sizes) > len(configs):
+                configs.append(pool.predicted[1])
+                taken = taken | {key}
+            else:  # a Pod of one holds the default: the prediction goes first in the next
+                pool.requeue.insert(0, pool.predicted[1])
+            note = f"{pool.key}: measuring the other GPUs' confident prediction {key} first (budget.stopWhenPredicted)"
+            run.events.append(("Normal", "PredictionMeasured", note))
+            run.log.info("%s", note)
+    # What preempted Jobs did not measure goes first: it was chosen already, and is still unmeasured.
     requeued = list({k: c for c in pool.requeue if (k := pool.space.key(c)) not in taken}.values())
     take = max(0, sum(sizes) - len(configs))
     configs += requeued[:take]

@@ -4,7 +4,10 @@ tuning, is over.
 * `stop_reason`: the study's own view, from its objective trace (budget, target,
   patience, deadline, exhausted candidates).
 * `pool_verdict`: the operator's rules for one pool's round, in precedence order:
-  infrastructure failures, deadline, budget, the study's patience, nothing left to try.
+  infrastructure failures, deadline, budget, a confirmed prediction, the study's
+  patience, nothing left to try.
+* `confident` and `prediction_confirmed`: ``budget.stopWhenPredicted``, a pool that
+  measured the fleet's confident prediction for it first and found nothing better.
 
 A deadline is always a number of seconds since the pool's round of tuning started (the
 run's start, or the start of the round a driver change or a retune began), never a time
@@ -13,6 +16,8 @@ of day: ``elapsed_s > deadline_s`` ends it.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,6 +27,21 @@ from fleettune.names import bounded
 
 Ending = Literal["Succeeded", "Failed"]
 INFRA_ERROR_MAX = 400  # characters of the last infrastructure failure quoted in the message
+# A fleet prediction (`fleettune.fleetprediction`) is confident when every other GPU, left
+# out in turn, got at least this fraction of its optimum from the consensus of the rest:
+# the lower bound of its ``expectedFractionRange``, not the mean, so that one GPU the rule
+# served badly keeps a pool from stopping on it.
+CONFIDENT_FRACTION = 0.9
+# Evaluations of the pool besides the predicted configuration that must not beat it before
+# the pool stops: as many as a pool's first Pods hold before any result
+# (`optimize.batching.FIRST_CONFIGS`), the default configuration among them, so that a
+# confirmed pool has at least the spread of a blind first batch of its own behind its
+# answer, and stops with most of a default budget (60) unspent.
+CONFIRM_TRIALS = 8
+# What beating the prediction takes when the strategy sets no ``min_gain`` (bayes does:
+# 0.01, about the timing noise of 32 timed runs); a gain within it is noise, not a
+# better configuration.
+DEFAULT_MIN_GAIN = 0.01
 
 
 def improvements(values: np.ndarray, gain: float = 0.0) -> np.ndarray:
@@ -76,6 +96,30 @@ def stop_reason(
     return None
 
 
+def confident(fraction_range: Sequence[float] | None) -> bool:
+    """Whether a prediction's ``expectedFractionRange`` (lowest, highest) is confident:
+    its lowest at least CONFIDENT_FRACTION; None (no confidence measured) never is."""
+    return fraction_range is not None and len(fraction_range) > 0 and fraction_range[0] >= CONFIDENT_FRACTION
+
+
+def prediction_confirmed(predicted: float | None, others: Sequence[float], *, gain: float = DEFAULT_MIN_GAIN,
+                         confirm: int = CONFIRM_TRIALS) -> bool:
+    """Whether a pool's predicted configuration held up: it measured valid (``predicted``:
+    its time; None or NaN when it failed or is not measured yet), at least ``confirm`` of
+    the pool's other evaluations are in (``others``: their times in any order, NaN for the
+    failed ones, which count), and none of them is faster than it by more than the
+    fraction ``gain``. One that is stays faster: once beaten, a prediction is never
+    confirmed again."""
+    if predicted is None or not math.isfinite(predicted) or predicted <= 0 or len(others) < confirm:
+        return False
+    return not any(math.isfinite(v) and v < predicted * (1.0 - gain) for v in others)
+
+
+def confirmed_message(key: str, gain: float, more: int) -> str:
+    """A pool's message when `prediction_confirmed` ended it."""
+    return f"prediction confirmed: {key} measured within {gain * 100:g}% of the best after {more} more trials"
+
+
 @dataclass(frozen=True)
 class Budget:
     """What a pool's round may spend (a TuningRun's ``spec.budget``, field for field)."""
@@ -101,6 +145,9 @@ class Progress:
     # Trials those Pods did not measure: the status's ``infraFailed`` (a batch Pod that died
     # loses every configuration it had not answered). None: one per failure.
     infra_trials: int | None = None
+    # The pool's message when it measured its predicted configuration and nothing beat it
+    # (`prediction_confirmed`, `confirmed_message`; budget.stopWhenPredicted), else None.
+    confirmed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,8 +187,10 @@ def pool_verdict(budget: Budget, progress: Progress) -> Verdict | None:
     1. more infrastructure failures than ``max_infra_failures``: Failed, running trials deleted;
     2. ``elapsed_s`` past ``deadline_seconds``: Succeeded, running trials deleted;
     3. ``trials_per_target`` observations: Succeeded ("budget spent"), running trials deleted;
-    4. the study's reason to stop (patience): Succeeded once no trial runs; until then no new trial;
-    5. nothing left to suggest and no trial running: Succeeded ("search space exhausted").
+    4. a confirmed prediction (``confirmed``): Succeeded once no trial runs; until then no new
+       trial, and a running trial that beats the prediction lets the pool tune on;
+    5. the study's reason to stop (patience): Succeeded once no trial runs; until then no new trial;
+    6. nothing left to suggest and no trial running: Succeeded ("search space exhausted").
 
     ``exhausted`` is known only after asking the study: call with False before suggesting,
     and again with True when the suggestion came back empty.
@@ -157,6 +206,8 @@ def pool_verdict(budget: Budget, progress: Progress) -> Verdict | None:
     if p.observations >= budget.trials_per_target:
         # Reached (or lowered below) the budget: trials still running would only overspend it.
         return Verdict("Succeeded", "budget spent", stop_running=True)
+    if p.confirmed:
+        return Verdict(None if p.running else "Succeeded", p.confirmed, stop_running=False)
     if p.study_reason:
         return Verdict(None if p.running else "Succeeded", p.study_reason, stop_running=False)
     if p.exhausted and not p.running:
