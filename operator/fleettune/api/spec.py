@@ -285,7 +285,7 @@ class BudgetSpec(Model):
         "ahead on the node's CPUs). Unset: chosen per pool from its first measurements, for about podSeconds "
         "of GPU work per Pod, at most 16 per Pod and 32 between a pool's running Pods (the first Pods, before any "
         "measurement, share the default configuration "
-        "and the strategy's first 7 picks). 1: one configuration per Pod (the most isolation). With a strategy "
+        "and the strategy's first picks). 1: one configuration per Pod (the most isolation). With a strategy "
         "that learns from results (not random), a target's first Pods ramp up to this size as results arrive: "
         "never more configurations outstanding than half those measured.",
     )
