@@ -2,7 +2,7 @@
 
 A suggestion's picks are, in this order: the space-filling initial design while
 `Schedule.designing` (a cold study's first ``initial`` feasible points, failed ones
-replaced up to twice as many evaluations, and while fewer than two results ran at all);
+replaced up to 1.5 times as many evaluations (``design_replace``), and while fewer than two results ran at all);
 with warm-start data, the prior's first picks (`warm.WarmStart.first_picks`); then the model's
 picks, split by `Schedule.model_picks` into picks on log time, every ``rank_every``-th
 pick of a study without a prior on the times' ranks (`surrogate.RANKS`), and every
@@ -34,6 +34,12 @@ PRIOR_HEDGE = 2
 # keeps its weight (``prior_lengthscales``): a warm study's own first points, clustered
 # around the prior's best, cannot tell which parameters matter.
 PRIOR_LENGTHSCALES = True
+# Failed design points are replaced by others up to this share of the design's size
+# (``design_replace``): the design then ends after (1 + share) x ``initial`` evaluations
+# however few of them ran. Where most of a space fails, the design's points that run sit
+# at its extremes, and the model, which has learnt where the failures lie, finds better
+# ones sooner than more design points do (docs/decisions.md).
+DESIGN_REPLACE = 0.5
 
 
 class ModelPicks(NamedTuple):
@@ -57,14 +63,16 @@ class Schedule:
     initial: int
     rank_every: int
     prior_hedge: int
+    design_replace: float = DESIGN_REPLACE
 
     def designing(self, history: History, pending: np.ndarray) -> bool:
         """Whether the next picks complete the space-filling initial design."""
         current = history.task == 1
         feasible_current = int((history.feasible & current).sum())
-        # Failed design points do not count: they are replaced, up to twice the design size.
+        # Failed design points do not count: they are replaced, up to design_replace x its size.
         design_left = 0 if has_prior(history) else self.initial - feasible_current - len(pending)
-        if int(current.sum()) < 2 * self.initial and design_left > 0:
+        cap = round((1.0 + self.design_replace) * self.initial)
+        if int(current.sum()) < cap and design_left > 0:
             return True
         return int(history.feasible.sum()) < 2
 

@@ -49,7 +49,7 @@ FORMER = {
 }
 OFF_WITH_ZERO = {
     "bayes": {"stall", "prior_patience", "misfit_ei", "min_gain", "prior_paths", "prior_hedge", "stall_leaders",
-              "prior_plateau", "rank_every", "slow_ratio"},
+              "prior_plateau", "rank_every", "slow_ratio", "design_replace"},
     "genetic": set(),
     "random": set(),
 }
@@ -140,7 +140,8 @@ def test_the_development_hook_sets_the_knobs_and_nothing_else(space) -> None:
     with pytest.raises(OptionError, match=r"^not a tuning knob of strategy 'bayes' \(did you mean 'rank_every'\?\)"):
         Study(space, tuning={"rank_evry": 0})
     with pytest.raises(OptionError,
-                       match=r"^not a tuning knob of strategy 'bayes' .*\(tuning knobs: design_random, feas_power, "):
+                       match=r"^not a tuning knob of strategy 'bayes' .*\(tuning knobs: design_random, design_replace, "
+                       r"feas_power, "):
         Study(space, tuning={"initial": 4})
     with pytest.raises(OptionError, match=r"^expected an integer >= 1, got 0$"):
         Study(space, tuning={"fit_iter": 0})
@@ -151,7 +152,8 @@ def test_the_development_hook_sets_the_knobs_and_nothing_else(space) -> None:
         "options": {"initial": 4}, "tuning": {"rank_every": 0}}
     assert split_settings("genetic", {"tournament": 2}) == {"options": {}, "tuning": {"tournament": 2}}
     with pytest.raises(OptionError, match=r"^neither an option nor a tuning knob of strategy 'bayes' \(did you "
-                       r"mean 'prior_paths'\?\) \(options: initial, .*; tuning knobs: design_random, feas_power, "):
+                       r"mean 'prior_paths'\?\) \(options: initial, .*; tuning knobs: design_random, design_replace, "
+                       r"feas_power, "):
         split_settings("bayes", {"prior_path": 2})
     with pytest.raises(OptionError, match=r"^expected a number >= 0, got -1$"):
         split_settings("bayes", {"slow_ratio": -1})
