@@ -1,4 +1,4 @@
-"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job|predict ...`
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job|predict|fleet ...`
 (they print tables).
 
 What each measures, its targets, its data and how to run it: docs/benchmarks.md; every flag:
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "timeline": "fleettune_dev.bench.timeline",
     "job": "fleettune_dev.bench.job",
     "predict": "fleettune_dev.bench.predict",
+    "fleet": "fleettune_dev.bench.fleet",
 }
 
 
