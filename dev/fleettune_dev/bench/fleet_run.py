@@ -140,27 +140,26 @@ class PriorBuilder:
 
     def __init__(self, pools: Sequence[Pool]) -> None:
         self.pools = pools
-        self._valid: dict[tuple[int, int, int], bool] = {}
+        self._valid: dict[tuple[int, tuple[Any, ...]], bool] = {}
 
-    def groups(self, receiver: int, sources: Sequence[tuple[int, Sequence[Observation], Sequence[int]]]
-               ) -> list[Observation]:
-        """``sources``: (pool, its observations, their recording indices) per group."""
+    def groups(self, receiver: int, sources: Sequence[Sequence[Observation]]) -> list[Observation]:
+        """``sources``: one group of observations per other pool."""
+        from fleettune.controller.pool import relative_prior
         from fleettune.space.errors import SpaceError
 
         space = self.pools[receiver].replay.space
-        out: list[Observation] = []
-        for j, observations, cands in sources:
-            best = min((v for _, o, v in observations if o == Outcome.OK and v), default=None)
-            for (config, outcome, value), c in zip(observations, cands, strict=True):
-                key = (receiver, j, c)
-                if key not in self._valid:
-                    try:
-                        self._valid[key] = bool(space.is_valid(space.to_rows([config]))[0])
-                    except SpaceError:
-                        self._valid[key] = False
-                if self._valid[key]:
-                    out.append((config, outcome, value / best if value and best else value))
-        return out
+
+        def valid(config: dict[str, Any]) -> bool:
+            # Every pool's study is rebuilt every round: each configuration is checked once.
+            key = (receiver, tuple(config.values()))
+            if key not in self._valid:
+                try:
+                    self._valid[key] = bool(space.is_valid(space.to_rows([config]))[0])
+                except SpaceError:
+                    self._valid[key] = False
+            return self._valid[key]
+
+        return relative_prior(sources, valid)
 
     def shared(self, receiver: int, traces: Sequence[PoolTrace], before: int) -> list[Observation]:
         """Every other pool's results of the rounds before ``before``."""
@@ -170,7 +169,7 @@ class PriorBuilder:
                 continue
             n = sum(1 for r in tr.rounds if r < before)  # rounds are non-decreasing
             if n:
-                sources.append((j, tr.observations[:n], tr.cand[:n]))
+                sources.append(tr.observations[:n])
         return self.groups(receiver, sources)
 
 
@@ -256,7 +255,7 @@ def sequential(
         if pos == 0 and first is not None:
             out[i] = first
             continue
-        prior = builder.groups(i, [(j, out[j].observations, out[j].cand) for j in order[:pos]])
+        prior = builder.groups(i, [out[j].observations for j in order[:pos]])
         last = pos == len(order) - 1
         (out[i],) = lockstep([pools[i]], strategy, seed, budget, batch, priors=[prior], options=options,
                              ramp=ramp, stop_at=stop_at if last else None)

@@ -14,7 +14,7 @@ driver it is tuned for.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -172,19 +172,28 @@ def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
         earlier_size = rec.target in earlier and rec.round == pool.round
         if (older_round or earlier_size) and rec.is_observation:
             groups.setdefault((rec.target, rec.round), []).append((rec.config, rec.outcome, rec.objective))
-    prior: list[Observation] = []
+    if pool.space is None:
+        return []
     space = pool.space
-    if space is None:
-        return prior
-    for group in [*groups.values(), *external]:
+
+    def valid(config: dict[str, Any]) -> bool:
+        try:
+            return bool(space.is_valid(space.to_rows([config]))[0])
+        except SpaceError:
+            return False  # another space: the space changed, or a file's parameters differ
+
+    return relative_prior([*groups.values(), *external], valid)
+
+
+def relative_prior(groups: Iterable[Sequence[Observation]], valid: Callable[[dict[str, Any]], bool]
+                   ) -> list[Observation]:
+    """The observations of ``groups`` that ``valid`` keeps, each time divided by the best of
+    its group (see `warm_start_prior`)."""
+    prior: list[Observation] = []
+    for group in groups:
         best = min((objective for _, _, objective in group if objective), default=None)
-        for config, outcome, objective in group:
-            try:
-                row = space.to_rows([config])
-            except SpaceError:
-                continue  # another space: the space changed, or a file's parameters differ
-            if bool(space.is_valid(row)[0]):
-                prior.append((config, outcome, objective / best if objective and best else objective))
+        prior.extend((config, outcome, objective / best if objective and best else objective)
+                     for config, outcome, objective in group if valid(config))
     return prior
 
 
