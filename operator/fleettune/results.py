@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, overload
 
@@ -64,10 +65,27 @@ class TrialRecord(BaseModel):
     compile_s: float | None = None  # as the job reports it (off the GPU when compiled ahead)
     run_s: float | None = None  # GPU seconds: first launch to the end of timing
     pruned: bool | None = None  # True: timed for 3 launches only, not verified (kernel.pruneSlowerThan)
+    kernel: str | None = None  # the kernel's identity across runs (`controller.memory.kernel_id`)
 
     @property
     def is_observation(self) -> bool:
         return self.outcome != Outcome.INFRA_ERROR
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """An earlier run's results store (its records of one kernel): a live run's, or one that
+    outlives its deleted run (`fleetMemory.retainOnDelete`)."""
+
+    namespace: str
+    name: str
+    uid: str
+    retained: bool
+    records: list[TrialRecord]
+
+    def label(self, namespace: str) -> str:
+        """The run's name, qualified with its namespace when it is another one."""
+        return self.name if self.namespace == namespace else f"{self.namespace}/{self.name}"
 
 
 class Records(Sequence[TrialRecord]):

@@ -9,7 +9,13 @@ twice — e.g. after a crash between recording and deleting its Job — stores i
 
 Shards are named after the run *and* a hash of its uid, and read only when the run owns
 them, so runs never share one; shards of earlier versions (``<run[:40]>-results-NNNN``,
-same labels and owner) are still read, and appended to until full.
+same labels and owner) are still read, and appended to until full. A run that retains its
+results (`fleetMemory.retainOnDelete`) writes its shards with no owner, so that they outlive
+it: they are its own by their uid label.
+
+Other runs read a store as the fleet's memory (`MemoryReader`): the shards of live runs, and
+those retained, in the namespaces the operator lets share; never those of a deleted run
+waiting for the garbage collector.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from fleettune import GROUP, KIND, PLURAL, VERSION
 from fleettune.kubeapi import manifest, raw_json
 from fleettune.labels import MANAGED_BY, MANAGER, RESULTS_OF_LABEL, RUN_UID_LABEL
 from fleettune.names import child_name, label_value
-from fleettune.results import TrialRecord
+from fleettune.results import StoredRun, TrialRecord
 
 SHARD_RECORDS = 500
 DATA_KEY = "records.jsonl.gz"
@@ -68,6 +74,14 @@ def _shard_order(name: str) -> tuple[int, str]:
     return (int(tail) if tail.isdigit() else 1 << 30, name)
 
 
+def _owners(cm: client.V1ConfigMap) -> list[str]:
+    return [o.uid for o in ((cm.metadata.owner_references if cm.metadata else None) or [])]
+
+
+def _uid_label(cm: client.V1ConfigMap) -> str | None:
+    return ((cm.metadata.labels if cm.metadata else None) or {}).get(RUN_UID_LABEL)
+
+
 def owned_by(obj: client.V1ConfigMap | Mapping[str, Any], uid: str) -> bool:
     """Whether a ConfigMap (client model or dict) is owned by the run with ``uid``."""
     if isinstance(obj, Mapping):
@@ -91,6 +105,7 @@ class _Shard:
     name: str
     resource_version: str | None
     records: list[TrialRecord] = field(default_factory=list)
+    retained: bool = False  # written with no owner (outlives the run)
 
 
 class ResultsStore:
@@ -106,6 +121,7 @@ class ResultsStore:
 
     def __init__(self, core: client.CoreV1Api, namespace: str, run: str, uid: str) -> None:
         self.core, self.namespace, self.run, self.uid = core, namespace, run, uid
+        self.retained = False  # shards written from now on outlive the run (`retain`)
         self._shards: list[_Shard] = []
         self._ids: set[RecordId] = set()
         self._foreign: set[str] = set()  # shard names another object holds: never written
@@ -136,14 +152,15 @@ class ResultsStore:
         known = {s.name: s for s in self._shards}
         for cm in sorted(items, key=lambda c: _shard_order(_listed_name(c))):
             meta = cm.metadata
-            if meta is None or not meta.name or not owned_by(cm, self.uid):
+            retained = not _owners(cm) and _uid_label(cm) == self.uid
+            if meta is None or not meta.name or not (owned_by(cm, self.uid) or retained):
                 continue
             old = known.get(meta.name)
             if old is not None and old.resource_version is not None and old.resource_version == meta.resource_version:
                 shards.append(old)  # unchanged since read or written: not decoded again
                 continue
             data = (cm.binary_data or {}).get(DATA_KEY)
-            shards.append(_Shard(meta.name, meta.resource_version, decode_shard(data) if data else []))
+            shards.append(_Shard(meta.name, meta.resource_version, decode_shard(data) if data else [], retained))
         # A shard this store read or wrote that is gone was deleted by hand: its records
         # are lost, and the run's counts must say so rather than show what it held.
         listed = {s.name for s in shards}
@@ -152,6 +169,20 @@ class ResultsStore:
         self._shards = shards
         self._ids = {record_id(r) for r in self.records}
         return self.records
+
+    def retain(self, retained: bool) -> None:
+        """Let the shards outlive the run (no owner), or go with it again: those written
+        already are rewritten. A conflict leaves the rest for the next call."""
+        self.retained = retained
+        for shard in self._shards:
+            if shard.resource_version is not None and shard.retained != retained:
+                try:
+                    self._write(shard, shard.records)
+                except ApiException as exc:
+                    if exc.status not in (404, 409):
+                        raise
+                    self.load()
+                    return
 
     def take_lost(self) -> list[tuple[str, list[TrialRecord]]]:
         """The shards found deleted since the last call: (name, the records lost with it)."""
@@ -223,7 +254,10 @@ class ResultsStore:
             if exc.status == 404:
                 return True
             raise
-        return owned_by(raw_json(resp), self.uid)
+        body = raw_json(resp)
+        meta = body.get("metadata") or {}
+        retained = not meta.get("ownerReferences") and (meta.get("labels") or {}).get(RUN_UID_LABEL) == self.uid
+        return owned_by(body, self.uid) or retained
 
     def _write(self, shard: _Shard, records: list[TrialRecord]) -> None:
         body: dict[str, Any] = {
@@ -233,7 +267,7 @@ class ResultsStore:
                 "name": shard.name,
                 "namespace": self.namespace,
                 "labels": {MANAGED_BY: MANAGER, RESULTS_OF_LABEL: label_value(self.run), RUN_UID_LABEL: self.uid},
-                "ownerReferences": [
+                "ownerReferences": [] if self.retained else [
                     {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.run, "uid": self.uid}
                 ],
             },
@@ -246,7 +280,68 @@ class ResultsStore:
             body["metadata"]["resourceVersion"] = shard.resource_version
             resp = self.core.replace_namespaced_config_map(shard.name, self.namespace, manifest(body),
                                                            _preload_content=False)
-        shard.resource_version = raw_json(resp)["metadata"]["resourceVersion"]
+        shard.resource_version, shard.retained = raw_json(resp)["metadata"]["resourceVersion"], self.retained
+
+
+class MemoryReader:
+    """Reads the fleet's memory for one run: the records of its kernel in the other runs'
+    stores of the namespaces it may read (`controller.memory`). A shard is decoded once per
+    resourceVersion. Blocking API calls: run in an executor."""
+
+    def __init__(self, core: client.CoreV1Api, custom: client.CustomObjectsApi) -> None:
+        self.core, self.custom = core, custom
+        self._decoded: dict[tuple[str, str], tuple[str | None, list[TrialRecord]]] = {}
+
+    def read(self, namespaces: Iterable[str], kernel: str, own_uid: str) -> tuple[list[StoredRun], list[str]]:
+        """(the stores with records of ``kernel``, what could not be read: one line per namespace)."""
+        runs: list[StoredRun] = []
+        problems: list[str] = []
+        for namespace in namespaces:
+            try:
+                runs += self._read_namespace(namespace, kernel, own_uid)
+            except ApiException as exc:
+                problems.append(f"cannot read the results stores in namespace {namespace}: {_refusal(exc)}")
+        return runs, problems
+
+    def _read_namespace(self, namespace: str, kernel: str, own_uid: str) -> list[StoredRun]:
+        listed: dict[str, Any] = self.custom.list_namespaced_custom_object(  # type: ignore[assignment]
+            GROUP, VERSION, namespace, PLURAL)
+        live = {item["metadata"]["uid"]: item["metadata"]["name"] for item in listed.get("items", [])}
+        shards = self.core.list_namespaced_config_map(namespace, label_selector=RESULTS_OF_LABEL).items
+        present = {(namespace, cm.metadata.name) for cm in shards if cm.metadata is not None}
+        for gone in [key for key in self._decoded if key[0] == namespace and key not in present]:
+            del self._decoded[gone]
+        found: dict[str, StoredRun] = {}
+        for cm in shards:
+            meta = cm.metadata
+            uid, owners = _uid_label(cm), _owners(cm)
+            if meta is None or not meta.name or uid is None or uid == own_uid:
+                continue
+            # A live run's, or retained (no owner): never a deleted run's that the garbage
+            # collector has not removed yet.
+            if owners and not any(o in live for o in owners):
+                continue
+            records = [r for r in self._decode(namespace, cm) if r.kernel == kernel]
+            if not records:
+                continue
+            name = live.get(uid) or (meta.labels or {}).get(RESULTS_OF_LABEL, meta.name)
+            run = found.setdefault(uid, StoredRun(namespace, name, uid, not owners, []))
+            run.records.extend(records)
+        return list(found.values())
+
+    def _decode(self, namespace: str, cm: client.V1ConfigMap) -> list[TrialRecord]:
+        assert cm.metadata is not None and cm.metadata.name
+        key, version = (namespace, cm.metadata.name), cm.metadata.resource_version
+        cached = self._decoded.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        data = (cm.binary_data or {}).get(DATA_KEY)
+        try:
+            records = decode_shard(data) if data else []
+        except (ValueError, OSError):  # not a shard this operator wrote: nothing to learn from
+            records = []
+        self._decoded[key] = (version, records)
+        return records
 
 
 # ---------------------------------------------------------------------- read from outside the operator

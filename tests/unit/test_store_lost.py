@@ -67,7 +67,8 @@ class FakeCore:
         if held is None:
             raise ApiException(status=404)
         owners = [{"uid": o.uid} for o in held.metadata.owner_references or []]
-        return SimpleNamespace(data=json.dumps({"metadata": {"ownerReferences": owners}}).encode())
+        meta = {"ownerReferences": owners, "labels": held.metadata.labels}
+        return SimpleNamespace(data=json.dumps({"metadata": meta}).encode())
 
 
 def rec(index: int, target: str = "a100") -> TrialRecord:
@@ -163,7 +164,7 @@ class LostStore:
 def test_the_results_lost_event_names_the_shard_and_counts(caplog: pytest.LogCaptureFixture) -> None:
     from fleettune.controller.tuner import RunLoop
 
-    kube = SimpleNamespace(core=None)
+    kube = SimpleNamespace(core=None, custom=None)
     loop = RunLoop(kube, {"metadata": {"name": RUN, "namespace": "ns", "uid": UID}, "spec": {}},  # type: ignore[arg-type]
                    logging.getLogger("test"))
     gone = shard_name(RUN, UID, 1)

@@ -7,10 +7,11 @@ cross-field rules as CEL) are enforced by the API server at apply time; semantic
 that need the search-space library (constraint expressions, value types, device limits)
 are done by the operator and reported in a status condition naming the field.
 
-The models are split by part of the object: `spec` (what to tune), `status` (what the
-operator reports), `base` (their camelCase base model and shared bounds), `kubernetes`
-(the schemas of the Kubernetes types the spec embeds, generated from an API server's
-OpenAPI); every name is importable from `fleettune.api`.
+The models are split by part of the object: `spec` (what to tune), `reuse` (what a run
+reuses and shares), `status` (what the operator reports), `base` (their camelCase base
+model and shared bounds), `kubernetes` (the schemas of the Kubernetes types the spec
+embeds, generated from an API server's OpenAPI); every name is importable from
+`fleettune.api`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ from pydantic.alias_generators import to_camel
 
 from fleettune.api.base import (
     CEL,
+    CONFIG_MAP_KEY,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
     MAX_PREDICTIONS,
     MAX_TUNED_TARGETS,
     Model,
 )
+from fleettune.api.reuse import FleetMemorySpec, PublishSpec, WarmStartSpec
 from fleettune.api.spec import (
-    CONFIG_MAP_KEY,
-    DNS_LABEL,
-    DNS_SUBDOMAIN,
     IDENTIFIER,
     MAX_PROBLEM_SIZES,
     MAX_PULL_SECRETS,
@@ -46,7 +48,6 @@ from fleettune.api.spec import (
     ParameterSpec,
     ParameterType,
     ProblemSizeSpec,
-    PublishSpec,
     QueueSpec,
     RangeSpec,
     RetunePolicy,
@@ -57,7 +58,6 @@ from fleettune.api.spec import (
     Toleration,
     TuningRunSpec,
     VerificationSpec,
-    WarmStartSpec,
 )
 from fleettune.api.status import (
     Condition,
@@ -65,6 +65,7 @@ from fleettune.api.status import (
     Fingerprint,
     Phase,
     Prediction,
+    PriorSource,
     RankedConfig,
     ResultsRef,
     TargetPhase,
@@ -106,6 +107,7 @@ __all__ = [
     "Dimension",
     "Expression",
     "Fingerprint",
+    "FleetMemorySpec",
     "JobTemplateSpec",
     "KernelSpec",
     "LocalObjectReference",
@@ -115,6 +117,7 @@ __all__ = [
     "ParameterType",
     "Phase",
     "Prediction",
+    "PriorSource",
     "ProblemSizeSpec",
     "PublishSpec",
     "QueueSpec",

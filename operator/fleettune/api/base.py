@@ -13,6 +13,9 @@ CEL = "x-kubernetes-validations"
 # (one status.predictions entry each) are bounded.
 MAX_TUNED_TARGETS = 24
 MAX_PREDICTIONS = 24
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+CONFIG_MAP_KEY = r"^[-._a-zA-Z0-9]+$"
 
 
 class Model(BaseModel):
@@ -22,3 +25,4 @@ class Model(BaseModel):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+

@@ -7,11 +7,10 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, StringConstraints, WithJsonSchema
 
 from fleettune.api import kubernetes
-from fleettune.api.base import CEL, MAX_PREDICTIONS, MAX_TUNED_TARGETS, Model
+from fleettune.api.base import CEL, CONFIG_MAP_KEY, DNS_LABEL, DNS_SUBDOMAIN, MAX_PREDICTIONS, MAX_TUNED_TARGETS, Model
+from fleettune.api.reuse import FleetMemorySpec, PublishSpec, WarmStartSpec
 from fleettune_job.protocol import MAX_BATCH, PRUNE_RUNS
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 ParameterType = Literal["integer", "ordinal", "real", "categorical", "boolean", "permutation"]
@@ -26,7 +25,6 @@ Expression = Annotated[str, StringConstraints(min_length=1, max_length=500)]
 ArgumentDtype = Literal[
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
 ]
-CONFIG_MAP_KEY = r"^[-._a-zA-Z0-9]+$"
 
 # Kubernetes types kept as plain dicts in code (the operator hands them to the Pod as they
 # are), with their real schemas in the CRD, so that the API server rejects a typo in them.
@@ -97,24 +95,6 @@ class VerificationSpec(Model):
     atol: float | None = Field(default=None, ge=0, description="Absolute tolerance per element (default 1e-6).")
     rtol: float | None = Field(
         default=None, ge=0, description="Tolerance relative to the reference's element (default 1e-5)."
-    )
-
-
-class WarmStartSpec(Model):
-    """Results you already have, in a ConfigMap of the run's namespace: a Kernel Tuner cache or
-    a T4 results file of the same kernel (another GPU, driver or problem size is fine)."""
-
-    config_map: str = Field(
-        max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap (in the run's namespace) holding the file."
-    )
-    key: str = Field(max_length=253, pattern=CONFIG_MAP_KEY, description="Key of the file in it (JSON text).")
-    format: Literal["kernel-tuner", "t4"] = Field(
-        default="kernel-tuner", description="kernel-tuner: a Kernel Tuner cache file; t4: a T4 results file."
-    )
-    targets: list[Annotated[str, StringConstraints(pattern=DNS_LABEL, max_length=63)]] | None = Field(
-        default=None, min_length=1, max_length=16,
-        description="The targets it warm-starts (default: all). Each pool weighs it by how well it agrees with "
-        "the pool's own first results, and drops it when it misleads.",
     )
 
 
@@ -385,17 +365,6 @@ class JobTemplateSpec(Model):
     )
 
 
-class PublishSpec(Model):
-    config_map_name: str = Field(
-        max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap that receives the best configuration per pool."
-    )
-    retain_on_delete: bool = Field(
-        default=False, description="Keep the ConfigMap when the run is deleted (applications keep starting)."
-    )
-    include_predicted: bool = Field(default=False, description="Also publish status.predictions for each pool and "
-                                    "size with no measured best, marked source=predicted (a measurement replaces it).")
-
-
 class TuningRunSpec(Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
         {"rule": "self.parameters.all(p, self.parameters.exists_one(q, q.name == p.name))",
@@ -442,6 +411,11 @@ class TuningRunSpec(Model):
     warm_start: list[WarmStartSpec] | None = Field(
         default=None, min_length=1, max_length=8,
         description="Results you already have (Kernel Tuner caches, T4 files) to start every pool's search from.",
+    )
+    fleet_memory: FleetMemorySpec = Field(
+        default_factory=FleetMemorySpec,
+        description="Start from what earlier runs of the same kernel measured (same namespace), and keep this "
+        "run's results for later runs.",
     )
     predict_for: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,

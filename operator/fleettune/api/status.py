@@ -51,6 +51,13 @@ class Fingerprint(Model):
     )
 
 
+class PriorSource(Model):
+    """Results a pool's search started from: an earlier run of the same kernel (the fleet's memory)."""
+
+    run: str = Field(description="The earlier run (namespace/name when in another namespace).")
+    results: int = Field(description="Its results that fell in this pool's search space.")
+
+
 class TunedFor(Model):
     """The GPU fingerprint (from node labels) a pool's current round is tuned for."""
 
@@ -138,6 +145,14 @@ class TargetStatus(TrialCounts):
     default_ms: float | None = Field(default=None, description="The default configuration's time in milliseconds.")
     speedup: float | None = Field(default=None, description="Default configuration's time / best time.")
     message: str = Field(default="", description="What the pool is doing or waiting for, or why it failed.")
+    learned_from: list[PriorSource] = Field(
+        default_factory=list, max_length=8,
+        description="The earlier runs of this kernel whose results the pool's search started from, most first.",
+    )
+    prior_weight: float | None = Field(
+        default=None, description="How much the pool's model uses the results it started from now, 0 to 1 (earned "
+        "from how well they agree with its own; 0: dropped).",
+    )
 
 
 class Prediction(Model):

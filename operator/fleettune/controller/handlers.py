@@ -60,11 +60,21 @@ def node_wait_from_env() -> float:
     return value
 
 
+SHARED_NAMESPACES_ENV = "FLEETTUNE_SHARED_NAMESPACES"
+
+
+def shared_namespaces_from_env() -> frozenset[str]:
+    """The namespaces whose runs read each other's results (the fleet's memory); a run in
+    any other namespace reads its own namespace's only."""
+    return frozenset(n.strip() for n in os.environ.get(SHARED_NAMESPACES_ENV, "").split(",") if n.strip())
+
+
 @dataclass
 class OperatorState:
     metrics: Metrics = field(default_factory=Metrics.unregistered)
     node_wait_s: float = field(default_factory=node_wait_from_env)
     trial_policy: TrialPolicy = field(default_factory=TrialPolicy.from_env)  # a bad setting stops the start
+    shared_namespaces: frozenset[str] = field(default_factory=shared_namespaces_from_env)
     # Fed by job_event (whose filter is the managed-by label), node_event and pod_event.
     jobs: WatchCache = field(default_factory=lambda: WatchCache(required={MANAGED_BY: MANAGER}, gist=job_gist))
     nodes: WatchCache = field(default_factory=WatchCache)
@@ -219,7 +229,7 @@ async def tune(body: kopf.Body, uid: str, name: str, namespace: str | None, stop
     key = (namespace, run_label(name))
     state.run_uids[key] = uid
     loop = RunLoop(state.kube, body, logger, lambda: state.node_epoch, state.metrics, state.node_wait_s,
-                   state.trial_policy)
+                   state.trial_policy, state.shared_namespaces)
     failures = 0
     try:
         while not stopped:

@@ -33,9 +33,10 @@ from fleettune.controller.fleet import (
     waits_for_nodes,
 )
 from fleettune.controller.lifecycle import PoolPhase
+from fleettune.controller.memory import FleetMemory, kernel_id, memory_prior
 from fleettune.controller.observed import NodeBody
 from fleettune.controller.plan import Observed, Plan, collect
-from fleettune.controller.pool import Pool, build_search, make_study
+from fleettune.controller.pool import Pool, build_search, in_space, make_study
 from fleettune.controller.priors import WarmStarts
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
@@ -45,7 +46,7 @@ from fleettune.fingerprint import describe_change, is_stale
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION
 from fleettune.names import bounded
-from fleettune.results import Records, TrialRecord
+from fleettune.results import Records, StoredRun, TrialRecord
 from fleettune.sizes import pool_key
 
 NODE_RECHECK_S = 30.0
@@ -89,6 +90,7 @@ class Planner:
         self.fleet = FleetView()
         self.source = KernelSource()
         self.warm = WarmStarts()  # spec.warmStart
+        self.memory = FleetMemory()  # spec.fleetMemory: earlier runs' results of the kernel
         self.restored: dict[str, Any] = {}
         self.started = False  # past the run's first step (or restarted with a status)
         self.forgotten: list[str] = []  # pools removed from the spec, for the metrics to drop
@@ -127,6 +129,7 @@ class Planner:
         self.spec_generation = generation
         self.source.reset()
         self.warm.reset()
+        self.memory.reset()
         old_budget = self.spec.budget if self.spec is not None else None
         try:
             spec = checked_spec(raw, self.policy)
@@ -220,6 +223,25 @@ class Planner:
         assert self.spec is not None and self.spec.warm_start
         self.warm.read(self.spec.warm_start, data, mono)
 
+    @property
+    def kernel(self) -> str | None:
+        """The kernel's identity across runs (`controller.memory`); None until its source is read."""
+        if self.spec is None or (self.spec.kernel.source is not None and self.source.digest is None):
+            return None
+        return kernel_id(self.spec, self.source.digest)
+
+    def wants_memory(self, mono: float) -> str | None:
+        """The kernel whose earlier results to read now (`accept_memory`), if any."""
+        if self.spec is None or not self.spec.fleet_memory.enabled or (kernel := self.kernel) is None:
+            return None
+        building = any(p.study is None and not p.done for p in self.pools.values())
+        return kernel if self.memory.due(kernel, mono, building) else None
+
+    def accept_memory(self, kernel: str, runs: Sequence[StoredRun], problems: Sequence[str], mono: float) -> None:
+        """The earlier runs' stores as just read, and what could not be read (said once, as a warning)."""
+        for problem in self.memory.accept(kernel, runs, problems, mono):
+            self.events.append(("Warning", "FleetMemory", f"{problem}: pools start without those results"))
+
     def blocked(self) -> Report | None:
         """The report of a run that cannot tune now (invalid spec, missing or failed source)."""
         if self.spec is None:
@@ -310,6 +332,7 @@ class Planner:
             plan.report = failed
             return plan
         running = collect(obs, plan, {key: pool.round for key, pool in self.pools.items()})
+        self._stamp_kernel(plan)
         for key, entries in plan.requeue.items():
             self.pools[key].hand_back(entries)
         for job, key, answered, back in plan.preempted:
@@ -395,16 +418,36 @@ class Planner:
                 self.source.failed = self.source.digest
                 raise SpecError(f"{problem} (target {pool.key})")
         given = self.warm.for_target(pool.spec.name)
-        make_study(self.spec, pool, obs.records, given)
+        memory = None
+        if self.spec.fleet_memory.enabled and self.memory.runs:
+            assert pool.space is not None
+            memory = memory_prior(pool, self.memory.runs, self.namespace, in_space(pool.space))
+        make_study(self.spec, pool, obs.records, given, memory.observations if memory else ())
+        pool.learned_from = memory.per_run if memory else []
         if given and pool.study is not None:
             self.events.append(("Normal", "WarmStart", f"{pool.key}: {pool.study.n_prior} earlier results in its "
                                 f"space, of them up to {sum(map(len, given))} from spec.warmStart"))
+        if memory and memory.per_run:
+            self.events.append(("Normal", "WarmStart", memory.summary(pool.key)))
         if pool.round_started is None:
             # A later size's round began with the target's first size: one deadline for all.
             earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
             pool.round_started = min(earlier, default=None) or obs.wall
         if pool.phase in (PoolPhase.PENDING, PoolPhase.UNSCHEDULABLE):
             pool.move(PoolPhase.RUNNING, pool.message if pool.nodes_missing_since is not None else "")
+
+    def _stamp_kernel(self, plan: Plan) -> None:
+        """Each new record of a pool's current round says which kernel it measured, for later
+        runs to find (`controller.memory`); an older round's may be another kernel's."""
+        if (kernel := self.kernel) is None:
+            return
+        rounds = {key: pool.round for key, pool in self.pools.items()}
+
+        def stamped(records: list[TrialRecord]) -> list[TrialRecord]:
+            return [r.model_copy(update={"kernel": kernel}) if r.kernel is None and rounds.get(r.target) == r.round
+                    else r for r in records]
+
+        plan.records, plan.early = stamped(plan.records), stamped(plan.early)
 
     def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
         for pool in self.pools.values():

@@ -72,6 +72,9 @@ class Pool:
     # budget.stopWhenPredicted: the fleet's confident prediction its round's first Pods
     # measure, (key, configuration); kept in memory only (a restart tunes the round on).
     predicted: tuple[str, dict[str, Any]] | None = None
+    # The earlier runs whose results its prior holds (`controller.memory`): (run, results in its space).
+    learned_from: list[tuple[str, int]] = field(default_factory=list)
+    prior_weight: float | None = None  # its study's (`Study.prior_weight`), as last reported
 
     @property
     def done(self) -> bool:
@@ -94,6 +97,8 @@ class Pool:
         if old.tuned_for is not None:
             self.tuned_for = GpuFingerprint.from_status(old.tuned_for)
         self.stale = old.stale
+        self.learned_from = [(p.run, p.results) for p in old.learned_from]
+        self.prior_weight = old.prior_weight
         if old.phase in (PoolPhase.SUCCEEDED, PoolPhase.FAILED):
             self.phase, self.message = PoolPhase(old.phase), old.message
         self.round_started = _epoch(old.round_started_at)
@@ -163,8 +168,6 @@ def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
     Times are divided by the best of their group (size and round, or file): older drivers,
     other GPUs and other sizes run at other speeds, and only how much slower than the best a
     configuration is carries over."""
-    from fleettune.space import SpaceError
-
     earlier = set(pool.after)
     groups: dict[tuple[str, int], list[Observation]] = {}
     for rec in records:
@@ -174,7 +177,12 @@ def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
             groups.setdefault((rec.target, rec.round), []).append((rec.config, rec.outcome, rec.objective))
     if pool.space is None:
         return []
-    space = pool.space
+    return relative_prior([*groups.values(), *external], in_space(pool.space))
+
+
+def in_space(space: SearchSpace) -> Callable[[dict[str, Any]], bool]:
+    """Whether a configuration is a valid one of ``space``."""
+    from fleettune.space import SpaceError
 
     def valid(config: dict[str, Any]) -> bool:
         try:
@@ -182,7 +190,7 @@ def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
         except SpaceError:
             return False  # another space: the space changed, or a file's parameters differ
 
-    return relative_prior([*groups.values(), *external], valid)
+    return valid
 
 
 def relative_prior(groups: Iterable[Sequence[Observation]], valid: Callable[[dict[str, Any]], bool]
@@ -198,11 +206,13 @@ def relative_prior(groups: Iterable[Sequence[Observation]], valid: Callable[[dic
 
 
 def make_study(spec: TuningRunSpec, pool: Pool, records: Iterable[TrialRecord],
-               external: Sequence[Sequence[Observation]] = ()) -> None:
+               external: Sequence[Sequence[Observation]] = (), relative: Sequence[Observation] = ()) -> None:
+    """The pool's Study, warm-started from `warm_start_prior` and ``relative`` (observations
+    already in the pool's space, times relative to their group's best: `controller.memory`)."""
     from fleettune.optimize import Study
 
     assert pool.space is not None, "build_search first"
-    prior = warm_start_prior(pool, records, external)
+    prior = [*warm_start_prior(pool, records, external), *relative]
     pool.study = Study(
         pool.space, strategy=spec.strategy.name, seed=pool.seed + 104_729 * (pool.round - 1),
         options=spec.strategy.options, prior=prior,

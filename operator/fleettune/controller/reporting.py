@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fleettune.api import QueueSpec, TargetStatus, TuningRunSpec, TuningRunStatus
+from fleettune.api import PriorSource, QueueSpec, TargetStatus, TuningRunSpec, TuningRunStatus
 from fleettune.controller.lifecycle import PoolPhase
+from fleettune.controller.memory import MAX_NAMED
 from fleettune.controller.observed import ObservedJob
 from fleettune.controller.pool import Pool, iso_time
 from fleettune.metrics import parse_time
@@ -100,6 +101,12 @@ class Reporter:
                 pending=sum(len(j.entries) for j in waiting), pods_pending=len(waiting),
             )
             update: dict[str, Any] = {"problem_size": list(pool.problem_size)}
+            if pool.study is not None:
+                pool.prior_weight = pool.study.prior_weight
+            if pool.learned_from:
+                update["learned_from"] = [PriorSource(run=run, results=n) for run, n in pool.learned_from[:MAX_NAMED]]
+            if pool.prior_weight is not None:
+                update["prior_weight"] = round(pool.prior_weight, 3)
             if pool.key != pool.spec.name:
                 update["target"] = pool.spec.name
             if pool.round_started:

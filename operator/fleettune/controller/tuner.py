@@ -34,7 +34,7 @@ from fleettune.metrics import Metrics, TrialTimings
 from fleettune.names import bounded
 from fleettune.published import kernel_identity
 from fleettune.results import Records, TrialRecord
-from fleettune.store import ResultsStore
+from fleettune.store import MemoryReader, ResultsStore
 
 __all__ = ["RunLoop"]
 
@@ -56,12 +56,17 @@ class RunLoop:
         metrics: Metrics | None = None,
         node_wait_s: float = DEFAULT_NODE_WAIT_S,
         policy: TrialPolicy | None = None,
+        shared_namespaces: frozenset[str] = frozenset(),
     ) -> None:
         meta = body["metadata"]
         self.kube, self.body, self.log, self.node_epoch = kube, body, logger, node_epoch
         self.metrics = metrics if metrics is not None else Metrics.unregistered()
         self.name, self.namespace, self.uid = meta["name"], meta["namespace"], meta["uid"]
         self.store = ResultsStore(kube.core, self.namespace, self.name, self.uid)
+        self.memory = MemoryReader(kube.core, kube.custom)
+        # The fleet's memory: this namespace's runs, and the shared namespaces' when it is one.
+        shared = shared_namespaces if self.namespace in shared_namespaces else frozenset()
+        self.memory_namespaces = sorted({self.namespace, *shared})
         self.planner = Planner(self.name, self.namespace, self.uid, logger, node_wait_s, policy)
         self.publisher = Publisher(kube, self.namespace, self.name, self.uid, logger)
         self.last_status: dict[str, Any] | None = None  # computed by the last step (written or held back)
@@ -135,6 +140,11 @@ class RunLoop:
         if (blocked := planner.blocked()) is not None:
             await self._write_status(blocked)
             return blocked.finished
+        if planner.spec is not None and planner.spec.fleet_memory.retain_on_delete != self.store.retained:
+            await asyncio.to_thread(self.store.retain, planner.spec.fleet_memory.retain_on_delete)
+        if (kernel := planner.wants_memory(time.monotonic())) is not None:
+            runs, problems = await asyncio.to_thread(self.memory.read, self.memory_namespaces, kernel, self.uid)
+            planner.accept_memory(kernel, runs, problems, time.monotonic())
         planner.retune(meta.get("annotations") or {}, time.time())
         epoch = self.node_epoch()
         if planner.wants_nodes(epoch, time.monotonic()):

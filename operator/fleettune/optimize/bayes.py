@@ -233,6 +233,11 @@ class BayesOpt(Strategy):
     def prior_dropped_after(self, history: History) -> int | None:
         return self.options.prior_patience if self.warm.misleads(history) else None
 
+    def prior_weight(self, history: History) -> float | None:
+        if not (history.task == 0).any():
+            return None
+        return 0.0 if self.warm.misleads(history) else self.warm.weight(history)
+
     def _design(
         self, n: int, history: History, pending: np.ndarray, available: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:

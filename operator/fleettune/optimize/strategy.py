@@ -77,6 +77,11 @@ class Strategy(ABC):
         drops them."""
         return None
 
+    def prior_weight(self, history: History) -> float | None:
+        """How much of the warm-start data's shape the strategy's model uses now, in [0, 1]
+        (0 once dropped); None for a strategy that does not weigh it, or without any."""
+        return None
+
     @abstractmethod
     def propose(self, n: int, history: History, pending: np.ndarray, available: np.ndarray) -> np.ndarray:
         """``n`` distinct candidate numbers among ``available`` (a boolean mask) that are

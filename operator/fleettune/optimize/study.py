@@ -230,6 +230,11 @@ class Study:
         return self.strategy.prior_dropped_after(self.history)
 
     @property
+    def prior_weight(self) -> float | None:
+        """How much the strategy's model uses the warm-start data now (`Strategy.prior_weight`)."""
+        return self.strategy.prior_weight(self.history) if self.n_prior else None
+
+    @property
     def best(self) -> tuple[dict[str, Any], float] | None:
         mine = np.flatnonzero((self.history.task == 1) & self.history.feasible)
         if len(mine) == 0:

@@ -23,7 +23,7 @@ from fleettune.controller.planner import Planner
 from fleettune.controller.reporting import Report
 from fleettune.jobs import work_of
 from fleettune.labels import BATCH_LABEL, TARGET_LABEL
-from fleettune.results import TrialRecord, job_finished
+from fleettune.results import StoredRun, TrialRecord, job_finished
 from fleettune_job.protocol import CONTAINER_NAME, Answer, BatchResult, TrialResult
 
 Measure = Callable[[dict[str, Any]], TrialResult]
@@ -76,6 +76,10 @@ class FakeFleet:
     ended: dict[str, dict[str, Any]] = field(default_factory=dict)  # Job name -> its Pod the watch saw end
     # Job name -> the answers its running Pod printed (what the operator read from its log).
     streamed: dict[str, dict[int, Answer]] = field(default_factory=dict)
+    # The fleet's memory: earlier runs' stores, as the shell's reader finds them (every kernel's).
+    memory: list[StoredRun] = field(default_factory=list)
+    memory_problems: list[str] = field(default_factory=list)
+    memory_reads: int = 0
     planner: Planner = field(init=False)
 
     def __post_init__(self) -> None:
@@ -194,6 +198,11 @@ class FakeFleet:
             planner.accept_warm_start([self.config_maps.get(w.config_map) for w in planner.spec.warm_start], self.mono)
         if (blocked := planner.blocked()) is not None:
             return self._report(Plan(report=blocked))
+        if (kernel := planner.wants_memory(self.mono)) is not None:
+            self.memory_reads += 1
+            runs = [StoredRun(r.namespace, r.name, r.uid, r.retained, [x for x in r.records if x.kernel == kernel])
+                    for r in self.memory]
+            planner.accept_memory(kernel, [r for r in runs if r.records], self.memory_problems, self.mono)
         planner.retune(self.annotations, self.wall)
         if planner.wants_nodes(self.node_epoch, self.mono):
             nodes = [{"metadata": {"name": n, "labels": labels}, "spec": {}} for n, labels in self.nodes.items()]

@@ -1,0 +1,134 @@
+"""The fleet's memory: a run starts from what earlier runs of the same kernel measured
+(`fleettune.controller.memory`), driven through the planner with the cluster played by
+tests/unit/controller/fleet_double.py; the stores' reader is proven by the integration tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fleet_double import FakeFleet, iso
+from test_planner import SPEC, timed
+
+from fleettune.api import TuningRunSpec
+from fleettune.controller import memory
+from fleettune.controller.memory import FleetMemory, kernel_id, memory_prior
+from fleettune.controller.pool import Pool, build_search, in_space
+from fleettune.results import StoredRun, TrialRecord
+from fleettune_job.protocol import Fingerprint, Outcome
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    return {**copy.deepcopy(SPEC), **changes}
+
+
+def finished_run(body: dict[str, Any], name: str = "conv-a", uid: str = "uid-a") -> StoredRun:
+    """A run tuned to its end on the fake fleet, as its store holds it."""
+    f = FakeFleet(spec=body, measure=timed)
+    assert f.run().phase == "Succeeded"
+    return StoredRun("ns", name, uid, False, list(f.store.records))
+
+
+def test_the_identity_is_the_kernel_and_its_interface_not_its_space_sizes_or_gpus() -> None:
+    base = TuningRunSpec.model_validate(SPEC)
+    key = kernel_id(base, None)
+    assert key == kernel_id(TuningRunSpec.model_validate(copy.deepcopy(SPEC)), None)  # stable
+    narrower = spec(parameters=[{**p, "values": p["values"][:1]} for p in SPEC["parameters"]],
+                    constraints=[], kernel={**SPEC["kernel"], "problemSize": [1024, 1024]},
+                    targets=[{"name": "rtx", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-3090"}}])
+    assert kernel_id(TuningRunSpec.model_validate(narrower), None) == key
+    other_kernel = spec(kernel={"builtin": "gemm", "problemSize": [64, 64]})
+    renamed = spec(parameters=[{**SPEC["parameters"][0], "name": "bx"}, *SPEC["parameters"][1:]])
+    for other in (other_kernel, renamed):
+        assert kernel_id(TuningRunSpec.model_validate(other), None) != key
+
+
+def test_every_record_carries_its_kernel_for_later_runs_to_find() -> None:
+    run = finished_run(spec(budget={"trialsPerTarget": 6, "parallelism": 3}))
+    assert run.records and {r.kernel for r in run.records} == {kernel_id(TuningRunSpec.model_validate(SPEC), None)}
+
+
+def test_a_run_starts_from_an_earlier_run_of_its_kernel_and_says_so() -> None:
+    earlier = finished_run(spec(budget={"trialsPerTarget": 12, "parallelism": 3}))
+    unrelated = StoredRun("ns", "gemm-a", "uid-g", False,
+                          [r.model_copy(update={"kernel": "another"}) for r in earlier.records])
+    body = spec(strategy={"name": "bayes", "seed": 1}, budget={"trialsPerTarget": 4, "parallelism": 2})
+    f = FakeFleet(spec=body, measure=timed, memory=[earlier, unrelated])
+    f.step()
+    t = f.target()
+    valid = sum(r.is_observation for r in earlier.records)
+    assert t["learnedFrom"] == [{"run": "conv-a", "results": valid}]
+    assert f.planner.pools["a100"].study is not None and f.planner.pools["a100"].study.n_prior == valid
+    said = [m for kind, reason, m in f.planner.events if reason == "WarmStart"]
+    assert said == [f"a100: starts from {valid} results of 1 earlier run(s) of this kernel in its space: "
+                    f"conv-a ({valid})"]
+    assert f.run().phase == "Succeeded"
+    assert 0 <= f.target()["priorWeight"] <= 1
+    assert f.memory_reads == 1  # once per kernel: nothing re-reads it while no pool builds its search
+
+
+def test_a_run_that_opts_out_reads_nothing() -> None:
+    earlier = finished_run(spec(budget={"trialsPerTarget": 6, "parallelism": 3}))
+    f = FakeFleet(spec=spec(fleetMemory={"enabled": False}), measure=timed, memory=[earlier])
+    f.run()
+    assert f.memory_reads == 0 and not f.target().get("learnedFrom")
+    assert f.planner.pools["a100"].study is None or f.planner.pools["a100"].study.n_prior == 0
+
+
+def test_a_store_that_cannot_be_read_is_said_once_as_a_warning() -> None:
+    f = FakeFleet(spec=spec(), measure=timed, memory_problems=["namespace team-b: forbidden"])
+    f.step()
+    f.planner.memory.read_at = None  # read again: the same problem is not said twice
+    f.step()
+    warned = [(kind, m) for kind, reason, m in f.planner.events if reason == "FleetMemory"]
+    assert warned == [("Warning", "namespace team-b: forbidden: pools start without those results")]
+
+
+def test_the_memory_is_read_again_only_when_a_pool_builds_its_search_after_a_while() -> None:
+    m = FleetMemory()
+    assert m.due("k", 0.0, building=False)
+    m.accept("k", [], [], 0.0)
+    assert not m.due("k", memory.REFRESH_S + 1, building=False)
+    assert not m.due("k", memory.REFRESH_S - 1, building=True)
+    assert m.due("k", memory.REFRESH_S + 1, building=True)
+    assert m.due("another kernel", 1.0, building=False)  # the source changed
+
+
+def _pool() -> Pool:
+    body = TuningRunSpec.model_validate(SPEC)
+    pool = Pool(spec=body.targets[0], seed=0, key="a100")
+    build_search(body, pool, "NVIDIA-A100-PCIE-40GB", "spec.targets[0]")
+    return pool
+
+
+def _records(target: str, gpu: str, recorded_at: float, n: int, best: float) -> list[TrialRecord]:
+    base = {"block_size_y": 1, "tile_size_x": 1, "tile_size_y": 1, "read_only": 0, "use_padding": 0,
+            "use_shmem": 1, "use_cmem": 1, "filter_height": 15, "filter_width": 15}
+    fingerprint = Fingerprint(product=gpu, compute_capability="8.0")
+    return [TrialRecord(target=target, index=i, config={**base, "block_size_x": [16, 32, 64, 128][i % 4],
+                                                        "block_size_y": [1, 2, 4, 8][i // 4 % 4]},
+                        key=str(i), outcome=Outcome.OK, objective=best * (1 + i), fingerprint=fingerprint,
+                        recorded_at=iso(recorded_at + i), kernel="k") for i in range(n)]
+
+
+def test_the_prior_takes_the_pools_own_gpu_first_then_the_newest_up_to_its_cap(monkeypatch) -> None:
+    pool = _pool()
+    assert pool.device == "NVIDIA-A100-PCIE-40GB"  # a node label's spelling; the driver's differs
+    old_same_gpu = StoredRun("ns", "old", "u1", False, _records("a100", "NVIDIA A100-PCIE-40GB", 1000.0, 6, 2.0))
+    new_other_gpu = StoredRun("ns", "new", "u2", False, _records("rtx", "NVIDIA GeForce RTX 3090", 9000.0, 6, 5.0))
+    shared = StoredRun("team-b", "b", "u3", True, _records("rtx", "NVIDIA GeForce RTX 3090", 5000.0, 6, 1.0))
+    runs = [new_other_gpu, shared, old_same_gpu]
+    use = memory_prior(pool, runs, "ns", in_space(pool.space))
+    assert use.per_run == [("new", 6), ("old", 6), ("team-b/b", 6)]
+    assert sorted(v for _, _, v in use.observations if v is not None)[:3] == [1.0, 1.0, 1.0]  # each group's best
+    monkeypatch.setattr(memory, "MAX_OBSERVATIONS", 12)
+    use = memory_prior(pool, runs, "ns", in_space(pool.space))
+    assert use.per_run == [("new", 6), ("old", 6)]  # its own GPU's, then the newest other
+    monkeypatch.setattr(memory, "MAX_OBSERVATIONS", 3)
+    assert memory_prior(pool, runs, "ns", in_space(pool.space)).per_run == [("old", 6)]  # one group at least
+    assert "and" not in use.summary("a100")
+
+
+def test_the_event_names_a_bounded_number_of_runs() -> None:
+    use = memory.MemoryUse([], [(f"run-{i}", 1) for i in range(memory.MAX_NAMED + 3)])
+    assert use.summary("a100").endswith(f"run-{memory.MAX_NAMED - 1} (1) and 3 more")
