@@ -28,17 +28,18 @@ CHART = ROOT / "charts" / "fleettune"
 
 
 class ChartIdentity:
-    """The chart's ServiceAccount and least-privilege RBAC for one watched namespace, and a
-    kubeconfig that authenticates as that ServiceAccount: the operator under test gets
-    exactly what a Helm install would give it, never the admin credential."""
+    """The chart's ServiceAccount and least-privilege RBAC for the watched namespaces (the
+    first is the operator's own), and a kubeconfig that authenticates as that ServiceAccount:
+    the operator under test gets exactly what a Helm install would give it, never the admin
+    credential."""
 
-    def __init__(self, cluster: Any, namespace: str, workdir: Path) -> None:
+    def __init__(self, cluster: Any, namespace: str, workdir: Path, *also: str) -> None:
         from fleettune_dev.cluster.binaries import ensure_helm
 
         self.cluster = cluster
         rendered = subprocess.run(
             [str(ensure_helm()), "template", "ft", str(CHART), "-n", namespace,
-             "--set", f"watchNamespaces={{{namespace}}}",
+             "--set", f"watchNamespaces={{{','.join([namespace, *also])}}}",
              "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"],
             capture_output=True, text=True, check=True,
         ).stdout
@@ -69,10 +70,12 @@ def install_crd(cluster: Any) -> None:
 class OperatorProcess:
     """The real operator in a subprocess, so a test can SIGKILL it and start another."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, env: dict[str, str] | None = None,
+                 also: tuple[str, ...] = ()) -> None:
         """``env``: extra environment of the operator (its configuration, e.g. the trial
-        policy's FLEETTUNE_ALLOW_PRIVILEGED_TRIALS / FLEETTUNE_ALLOWED_IMAGES)."""
-        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        policy's FLEETTUNE_ALLOW_PRIVILEGED_TRIALS / FLEETTUNE_ALLOWED_IMAGES); ``also``:
+        more namespaces it watches."""
+        self.kubeconfig, self.namespace, self.log_dir, self.also = kubeconfig, namespace, log_dir, also
         self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -87,7 +90,8 @@ class OperatorProcess:
         # The child writes to its own copy of the descriptor: the test's is closed at once.
         with open(self.log_dir / f"operator-{self.namespace}-{self.starts}.log", "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fleettune.cli", "operator", "--namespace", self.namespace,
+                [sys.executable, "-m", "fleettune.cli", "operator",
+                 *(arg for ns in (self.namespace, *self.also) for arg in ("--namespace", ns)),
                  "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"],
                 # TMPDIR: the kubernetes client's copy of the CA certificate, left behind by a kill.
                 env={**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _pythonpath(),

@@ -1,0 +1,94 @@
+"""The fleet's memory on the real control plane: a run starts from what earlier runs of the
+same kernel measured — a run deleted with `fleetMemory.retainOnDelete` included — and a
+namespace the operator lets share (`FLEETTUNE_SHARED_NAMESPACES`, the chart's
+`fleetMemory.sharedNamespaces`) reads another's; the operator has only the chart's RBAC."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from operator_support import (
+    ChartIdentity,
+    OperatorProcess,
+    apply,
+    example,
+    get_run,
+    stored_records,
+    wait_for,
+    wait_phase,
+)
+
+from fleettune import GROUP, PLURAL, VERSION
+from fleettune.labels import RESULTS_OF_LABEL
+from fleettune.names import label_value
+
+
+@pytest.fixture
+def second_namespace(api_client: Any, namespace: str) -> Iterator[str]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    name = f"{namespace[:50]}-b"
+    core.create_namespace({"metadata": {"name": name, "labels": {"fleettune.dev/test": "true"}}})
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def sharing_operator(cluster: Any, crd: None, namespace: str, second_namespace: str,
+                     tmp_path: Any) -> Iterator[OperatorProcess]:
+    """The operator watching both namespaces, which share their runs' results."""
+    identity = ChartIdentity(cluster, namespace, tmp_path, second_namespace)
+    proc = OperatorProcess(identity.kubeconfig, namespace, tmp_path, also=(second_namespace,),
+                           env={"FLEETTUNE_SHARED_NAMESPACES": f"{namespace},{second_namespace}"})
+    proc.start()
+    yield proc
+    proc.stop()
+    identity.remove()
+
+
+def _one_target(name: str, target: int, **budget: int) -> dict[str, Any]:
+    doc = example(name, **budget)
+    doc["spec"]["targets"] = [doc["spec"]["targets"][target]]
+    return doc
+
+
+def _warm_start_events(cluster: Any, namespace: str, run: str) -> list[str]:
+    out = cluster.kubectl("get", "events", "-n", namespace, "-o", "json")
+    return [e["message"] for e in json.loads(out.stdout)["items"]
+            if e.get("reason") == "WarmStart" and e["involvedObject"]["name"] == run]
+
+
+def test_runs_start_from_a_retained_run_of_the_kernel_in_their_namespace_and_a_shared_one(
+        cluster, namespace, second_namespace, simulator, sharing_operator):
+    first = _one_target("first", 0, trialsPerTarget=6, parallelism=3)
+    first["spec"]["fleetMemory"] = {"retainOnDelete": True}
+    assert apply(cluster, namespace, first).returncode == 0
+    assert wait_phase(cluster, namespace, "first", 240, sharing_operator)["status"]["phase"] == "Succeeded"
+    kept = [r for r in stored_records(cluster, namespace, "first") if r.is_observation]
+    assert len(kept) == 6 and len({r.kernel for r in kept}) == 1 and kept[0].kernel
+    # Deleted, its results stay: written with no owner, the garbage collector leaves them.
+    cluster.kubectl("delete", "-n", namespace, f"{PLURAL}.{VERSION}.{GROUP}", "first", "--wait=true")
+    shards = json.loads(cluster.kubectl("get", "configmaps", "-n", namespace, "-l",
+                                        f"{RESULTS_OF_LABEL}={label_value('first')}", "-o", "json").stdout)["items"]
+    assert shards and all(not cm["metadata"].get("ownerReferences") for cm in shards)
+
+    # Another GPU's pool of the same kernel here, and one in the namespace that shares with this one.
+    assert apply(cluster, namespace, _one_target("second", 1, trialsPerTarget=4, parallelism=2)).returncode == 0
+    assert apply(cluster, second_namespace, _one_target("third", 0, trialsPerTarget=4, parallelism=2)).returncode == 0
+    for ns, name, learned in ((namespace, "second", "first"), (second_namespace, "third", f"{namespace}/first")):
+        run = wait_phase(cluster, ns, name, 240, sharing_operator)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        target = run["status"]["targets"][0]
+        sources = {s["run"]: s["results"] for s in target["learnedFrom"]}
+        # The first run's six results, each a valid configuration of the pool's own space.
+        assert 0 < sources[learned] <= 6, target
+        assert 0 <= target["priorWeight"] <= 1
+        said = wait_for(lambda ns=ns, name=name: _warm_start_events(cluster, ns, name), 30, "the WarmStart event")
+        assert any(learned in m and "earlier run(s) of this kernel" in m for m in said), said
+    # The third's results were stored with the same kernel's identity.
+    assert {r.kernel for r in stored_records(cluster, second_namespace, "third")} == {kept[0].kernel}
+    assert get_run(cluster, second_namespace, "third")["status"]["targets"][0]["learnedFrom"]
