@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,13 @@ def kernel_id(spec: TuningRunSpec, source_digest: str | None) -> str:
         doc["source"] = {"digest": source_digest, "function": source["function"], "grid": source.get("grid"),
                          "block": source.get("block"), "arguments": source.get("arguments")}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def stamped(records: list[TrialRecord], kernel: str, rounds: Mapping[str, int]) -> list[TrialRecord]:
+    """``records`` with those of each pool's current round (``rounds``) saying which kernel
+    they measured, for later runs to find; an older round's may be another kernel's."""
+    return [r.model_copy(update={"kernel": kernel}) if r.kernel is None and rounds.get(r.target) == r.round else r
+            for r in records]
 
 
 @dataclass

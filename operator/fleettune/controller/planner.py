@@ -33,7 +33,7 @@ from fleettune.controller.fleet import (
     waits_for_nodes,
 )
 from fleettune.controller.lifecycle import PoolPhase
-from fleettune.controller.memory import FleetMemory, kernel_id, memory_prior
+from fleettune.controller.memory import FleetMemory, kernel_id, memory_prior, stamped
 from fleettune.controller.observed import NodeBody
 from fleettune.controller.plan import Observed, Plan, collect
 from fleettune.controller.pool import Pool, build_search, in_space, make_study
@@ -331,8 +331,10 @@ class Planner:
         if failed is not None:
             plan.report = failed
             return plan
-        running = collect(obs, plan, {key: pool.round for key, pool in self.pools.items()})
-        self._stamp_kernel(plan)
+        rounds = {key: pool.round for key, pool in self.pools.items()}
+        running = collect(obs, plan, rounds)
+        if (kernel := self.kernel) is not None:
+            plan.records, plan.early = stamped(plan.records, kernel, rounds), stamped(plan.early, kernel, rounds)
         for key, entries in plan.requeue.items():
             self.pools[key].hand_back(entries)
         for job, key, answered, back in plan.preempted:
@@ -435,19 +437,6 @@ class Planner:
             pool.round_started = min(earlier, default=None) or obs.wall
         if pool.phase in (PoolPhase.PENDING, PoolPhase.UNSCHEDULABLE):
             pool.move(PoolPhase.RUNNING, pool.message if pool.nodes_missing_since is not None else "")
-
-    def _stamp_kernel(self, plan: Plan) -> None:
-        """Each new record of a pool's current round says which kernel it measured, for later
-        runs to find (`controller.memory`); an older round's may be another kernel's."""
-        if (kernel := self.kernel) is None:
-            return
-        rounds = {key: pool.round for key, pool in self.pools.items()}
-
-        def stamped(records: list[TrialRecord]) -> list[TrialRecord]:
-            return [r.model_copy(update={"kernel": kernel}) if r.kernel is None and rounds.get(r.target) == r.round
-                    else r for r in records]
-
-        plan.records, plan.early = stamped(plan.records), stamped(plan.early)
 
     def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
         for pool in self.pools.values():

@@ -35,7 +35,7 @@ class Calls:
 
 
 class FakeKube:
-    core = None
+    core = custom = None
 
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
