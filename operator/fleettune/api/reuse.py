@@ -29,13 +29,14 @@ class WarmStartSpec(Model):
 
 
 class FleetMemorySpec(Model):
-    """The fleet's memory: results that earlier runs of the same kernel recorded, in their
-    results stores in this namespace (and the namespaces the operator's configuration lets
-    share), start every pool's search; no file to export or name."""
+    """The fleet as one learner: every pool's search starts from what the run's other pools
+    measure at its problem size (refreshed as they measure) and from what earlier runs of the
+    same kernel recorded, in this namespace (and the namespaces the operator's configuration
+    lets share); no file to export or name."""
 
     enabled: bool = Field(
-        default=True, description="Start from earlier runs' results of the same kernel (false: start from "
-        "spec.warmStart and this run's own results only).",
+        default=True, description="Start from the run's other pools and earlier runs of the same kernel "
+        "(false: each pool starts from spec.warmStart and its own target's results only).",
     )
     retain_on_delete: bool = Field(
         default=False, description="Keep this run's results store when the run is deleted, for later runs "

@@ -414,8 +414,8 @@ class TuningRunSpec(Model):
     )
     fleet_memory: FleetMemorySpec = Field(
         default_factory=FleetMemorySpec,
-        description="Start from what earlier runs of the same kernel measured (same namespace), and keep this "
-        "run's results for later runs.",
+        description="Start from what the run's other pools and earlier runs of the same kernel measured (same "
+        "namespace), and keep this run's results for later runs.",
     )
     predict_for: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,

@@ -51,11 +51,16 @@ class Fingerprint(Model):
     )
 
 
-class PriorSource(Model):
-    """Results a pool's search started from: an earlier run of the same kernel (the fleet's memory)."""
+PriorKind = Literal["Pool", "Run"]
 
-    run: str = Field(description="The earlier run (namespace/name when in another namespace).")
-    results: int = Field(description="Its results that fell in this pool's search space.")
+
+class PriorSource(Model):
+    """Results a pool's search starts from: another pool of the run, or an earlier run of the same kernel."""
+
+    kind: PriorKind = Field(description="Pool: another target's pool of this run at the same problem "
+                                         "size, as it measures; Run: an earlier run of the same kernel.")
+    name: str = Field(description="The pool, or the run (namespace/name when in another namespace).")
+    results: int = Field(description="Its results that fall in this pool's search space.")
 
 
 class TunedFor(Model):
@@ -147,10 +152,11 @@ class TargetStatus(TrialCounts):
     message: str = Field(default="", description="What the pool is doing or waiting for, or why it failed.")
     learned_from: list[PriorSource] = Field(
         default_factory=list, max_length=8,
-        description="The earlier runs of this kernel whose results the pool's search started from, most first.",
+        description="What the pool's search starts from: the run's other pools of its size (refreshed as they "
+        "measure) and earlier runs of the same kernel, most results first.",
     )
     prior_weight: float | None = Field(
-        default=None, description="How much the pool's model uses the results it started from now, 0 to 1 (earned "
+        default=None, description="How much the pool's model uses the results it starts from now, 0 to 1 (earned "
         "from how well they agree with its own; 0: dropped).",
     )
 

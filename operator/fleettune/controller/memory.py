@@ -1,5 +1,7 @@
-"""The fleet's memory: what earlier runs of the same kernel measured, as a prior for every
-pool of a new run (pure; the shell reads the stores, `fleettune.store.MemoryReader`).
+"""The fleet as one learner (pure): every pool's search starts from what the run's other
+pools measure at its problem size, refreshed as their results arrive, and from what
+earlier runs of the same kernel measured (the fleet's memory; the shell reads their
+stores, `fleettune.store.MemoryReader`).
 
 A kernel's identity (`kernel_id`) is its code and its interface, not its search space: a
 built-in's name and the digest of the CUDA code the job image ships for it, or a user
@@ -18,29 +20,32 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleettune.api import TuningRunSpec
-from fleettune.controller.pool import Observation, Pool, relative_prior
+from fleettune.api import PriorKind, TuningRunSpec
+from fleettune.controller.pool import Observation, Pool, in_space, relative_prior
 from fleettune.results import StoredRun, TrialRecord
 from fleettune.space.devices import normalise_product
 
 # A warm study fits its prior model to every prior observation (cubic in their number):
-# the memory's groups beyond this many observations are left out, the pool's own GPU's
-# first, then the newest.
+# the fleet's groups beyond this many observations are left out (the run's other pools
+# first, then earlier runs' of the pool's own GPU, then the newest).
 MAX_OBSERVATIONS = 2000
 # A run re-reads the memory for a pool that builds its search later than this after the
 # last read (a later size, a new round): runs may have finished meanwhile.
 REFRESH_S = 300.0
-# The status and the event name this many earlier runs per pool (the event says how many in all).
+# The status and the event name this many sources per pool (the event says how many in all).
 MAX_NAMED = 8
 
 
-def kernel_id(spec: TuningRunSpec, source_digest: str | None) -> str:
-    """The kernel's identity across runs (the module's docstring says what counts)."""
+def kernel_id(spec: TuningRunSpec, source_digest: str | None) -> str | None:
+    """The kernel's identity across runs (the module's docstring says what counts); None for
+    a source not read yet (``source_digest``)."""
     kernel = spec.kernel
+    if kernel.source is not None and source_digest is None:
+        return None
     doc: dict[str, Any] = {"v": 1, "parameters": sorted(p.name for p in spec.parameters),
                            "objective": spec.objective.dump()}
     if kernel.builtin is not None:
@@ -82,6 +87,11 @@ class FleetMemory:
             return True
         return building and mono - self.read_at >= REFRESH_S
 
+    def prior(self, pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord], namespace: str) -> FleetPrior:
+        """``pool``'s prior from the run's other ``pools`` (their ``records``) and the earlier runs."""
+        assert pool.space is not None
+        return fleet_prior(pool, peers_of(pool, pools, records), self.runs, namespace, in_space(pool.space))
+
     def accept(self, kernel: str, runs: Sequence[StoredRun], problems: Sequence[str], mono: float) -> list[str]:
         """The stores as just read; returns the problems not said before."""
         new = [p for p in problems if p not in self.problems]
@@ -91,24 +101,42 @@ class FleetMemory:
 
 
 @dataclass(frozen=True)
-class MemoryUse:
-    """What a pool's prior took from the memory: per earlier run, the results in its space."""
+class FleetPrior:
+    """What a pool's prior took from the fleet: the run's other pools of its size, and
+    earlier runs of its kernel, each with its results in the pool's space."""
 
     observations: list[Observation]
-    per_run: list[tuple[str, int]]  # (run label, results in the pool's space), most first
+    sources: list[tuple[PriorKind, str, int]]  # (kind "Pool" or "Run", name, results in the pool's space), most first
+    peer_records: int  # the other pools' records it was built from (`outgrown`)
 
     def summary(self, pool: str) -> str:
-        named = ", ".join(f"{run} ({n})" for run, n in self.per_run[:MAX_NAMED])
-        if len(self.per_run) > MAX_NAMED:
-            named += f" and {len(self.per_run) - MAX_NAMED} more"
-        return (f"{pool}: starts from {len(self.observations)} results of {len(self.per_run)} earlier run(s) "
-                f"of this kernel in its space: {named}")
+        named = ", ".join(f"{kind.lower()} {name} ({n})" for kind, name, n in self.sources[:MAX_NAMED])
+        if len(self.sources) > MAX_NAMED:
+            named += f" and {len(self.sources) - MAX_NAMED} more"
+        return f"{pool}: starts from {len(self.observations)} results of the fleet in its space: {named}"
 
 
-def memory_prior(pool: Pool, runs: Sequence[StoredRun], namespace: str,
-                 valid: Callable[[dict[str, Any]], bool]) -> MemoryUse:
-    """The observations of ``runs`` that ``valid`` keeps (the pool's space), relative to the
-    best of their group: one earlier pool (run, target, round, problem size) each."""
+def peers_of(pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord]) -> list[tuple[str, list[TrialRecord]]]:
+    """The run's other targets' pools of ``pool``'s problem size, with their current round's
+    observations (the same kernel, measured now on other GPUs)."""
+    return [(q.key, seen) for q in pools
+            if q.spec.name != pool.spec.name and q.problem_size == pool.problem_size
+            and (seen := [r for r in q.records(records) if r.is_observation])]
+
+
+def outgrown(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]]) -> bool:
+    """Whether the other pools measured enough since ``pool``'s prior was built to rebuild it:
+    a quarter more (two at least), so that a run rebuilds each study a few dozen times at most."""
+    now = sum(len(records) for _, records in peers)
+    return now >= max(pool.peer_records + 2, 1.25 * pool.peer_records)
+
+
+def fleet_prior(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]], runs: Sequence[StoredRun],
+                namespace: str, valid: Callable[[dict[str, Any]], bool]) -> FleetPrior:
+    """The observations that ``valid`` keeps (the pool's space), relative to the best of their
+    group (one other pool, or one earlier run's pool of one round and size): the run's other
+    pools first, then earlier runs' groups of the pool's own GPU, then the newest."""
+    Group = tuple[PriorKind, str, list[TrialRecord]]
     groups: dict[tuple[str, str, int, tuple[int, ...]], list[TrialRecord]] = {}
     labels: dict[str, str] = {}
     for run in runs:
@@ -116,7 +144,6 @@ def memory_prior(pool: Pool, runs: Sequence[StoredRun], namespace: str,
         for rec in run.records:
             if rec.is_observation:
                 groups.setdefault((run.uid, rec.target, rec.round, tuple(rec.problem_size or ())), []).append(rec)
-
     own = normalise_product(pool.device)  # node labels and drivers spell products differently
 
     def other_gpu(records: list[TrialRecord]) -> bool:
@@ -124,14 +151,16 @@ def memory_prior(pool: Pool, runs: Sequence[StoredRun], namespace: str,
 
     ranked = sorted(groups.items(), key=lambda item: max(r.recorded_at for r in item[1]), reverse=True)
     ranked.sort(key=lambda item: other_gpu(item[1]))  # stable: the pool's own GPU first, each newest first
+    ordered: list[Group] = [("Pool", key, records) for key, records in peers]
+    ordered += [("Run", labels[uid], records) for (uid, *_), records in ranked]
     observations: list[Observation] = []
-    counts: dict[str, int] = {}
-    for (uid, *_), records in ranked:
+    counts: dict[tuple[PriorKind, str], int] = {}
+    for kind, name, records in ordered:
         if observations and len(observations) + len(records) > MAX_OBSERVATIONS:
             continue
         kept = relative_prior([[(r.config, r.outcome, r.objective) for r in records]], valid)
         if kept:
             observations += kept
-            counts[labels[uid]] = counts.get(labels[uid], 0) + len(kept)
-    per_run = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    return MemoryUse(observations, per_run)
+            counts[kind, name] = counts.get((kind, name), 0) + len(kept)
+    sources = sorted(((kind, name, n) for (kind, name), n in counts.items()), key=lambda s: (-s[2], s[0], s[1]))
+    return FleetPrior(observations, sources, sum(len(records) for _, records in peers))

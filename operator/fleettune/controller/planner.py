@@ -33,10 +33,10 @@ from fleettune.controller.fleet import (
     waits_for_nodes,
 )
 from fleettune.controller.lifecycle import PoolPhase
-from fleettune.controller.memory import FleetMemory, kernel_id, memory_prior, stamped
+from fleettune.controller.memory import FleetMemory, FleetPrior, kernel_id, outgrown, peers_of, stamped
 from fleettune.controller.observed import NodeBody
 from fleettune.controller.plan import Observed, Plan, collect
-from fleettune.controller.pool import Pool, build_search, in_space, make_study
+from fleettune.controller.pool import Pool, build_search, make_study
 from fleettune.controller.priors import WarmStarts
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
@@ -226,9 +226,7 @@ class Planner:
     @property
     def kernel(self) -> str | None:
         """The kernel's identity across runs (`controller.memory`); None until its source is read."""
-        if self.spec is None or (self.spec.kernel.source is not None and self.source.digest is None):
-            return None
-        return kernel_id(self.spec, self.source.digest)
+        return kernel_id(self.spec, self.source.digest) if self.spec is not None else None
 
     def wants_memory(self, mono: float) -> str | None:
         """The kernel whose earlier results to read now (`accept_memory`), if any."""
@@ -402,11 +400,7 @@ class Planner:
 
     def _earlier_sizes_running(self, pool: Pool) -> str | None:
         """The first of the target's earlier sizes that has not finished, if any."""
-        for key in pool.after:
-            earlier = self.pools.get(key)
-            if earlier is not None and not earlier.done:
-                return key
-        return None
+        return next((key for key in pool.after if (p := self.pools.get(key)) is not None and not p.done), None)
 
     def _setup_pool(self, pool: Pool, obs: Observed) -> None:
         """Search space for the pool's device and a Study warm-started from older rounds."""
@@ -419,18 +413,12 @@ class Planner:
             if problem is not None:
                 self.source.failed = self.source.digest
                 raise SpecError(f"{problem} (target {pool.key})")
-        given = self.warm.for_target(pool.spec.name)
-        memory = None
-        if self.spec.fleet_memory.enabled and self.memory.runs:
-            assert pool.space is not None
-            memory = memory_prior(pool, self.memory.runs, self.namespace, in_space(pool.space))
-        make_study(self.spec, pool, obs.records, given, memory.observations if memory else ())
-        pool.learned_from = memory.per_run if memory else []
-        if given and pool.study is not None:
+        fleet = self._make_study(pool, obs.records)
+        if (given := self.warm.for_target(pool.spec.name)) and pool.study is not None:
             self.events.append(("Normal", "WarmStart", f"{pool.key}: {pool.study.n_prior} earlier results in its "
                                 f"space, of them up to {sum(map(len, given))} from spec.warmStart"))
-        if memory and memory.per_run:
-            self.events.append(("Normal", "WarmStart", memory.summary(pool.key)))
+        if fleet is not None and fleet.sources:
+            self.events.append(("Normal", "WarmStart", fleet.summary(pool.key)))
         if pool.round_started is None:
             # A later size's round began with the target's first size: one deadline for all.
             earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
@@ -438,10 +426,24 @@ class Planner:
         if pool.phase in (PoolPhase.PENDING, PoolPhase.UNSCHEDULABLE):
             pool.move(PoolPhase.RUNNING, pool.message if pool.nodes_missing_since is not None else "")
 
+    def _make_study(self, pool: Pool, records: Sequence[TrialRecord]) -> FleetPrior | None:
+        """The pool's study, its prior from the older rounds and sizes, spec.warmStart and the
+        fleet (`controller.memory`)."""
+        assert self.spec is not None
+        fleet = self.memory.prior(pool, self.pools.values(), records, self.namespace) \
+            if self.spec.fleet_memory.enabled else None
+        given = self.warm.for_target(pool.spec.name)
+        make_study(self.spec, pool, records, given, fleet.observations if fleet else ())
+        pool.learned_from, pool.peer_records = (fleet.sources, fleet.peer_records) if fleet else ([], 0)
+        return fleet
+
     def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
         for pool in self.pools.values():
             if pool.study is None:
                 continue
+            if self.spec is not None and self.spec.fleet_memory.enabled and not pool.done and \
+                    outgrown(pool, peers_of(pool, self.pools.values(), records)):
+                self._make_study(pool, records)  # the other pools measured more: its own records are fed again
             new = [r for r in pool.records(records) if r.index not in pool.observed and r.is_observation]
             for rec in sorted(new, key=lambda r: r.index):
                 pool.observed.add(rec.index)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from fleettune.api import TargetSpec, TargetStatus, TuningRunSpec
+from fleettune.api import PriorKind, TargetSpec, TargetStatus, TuningRunSpec
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.spec import SpecError
 from fleettune.fingerprint import GpuFingerprint, PoolFingerprint
@@ -72,8 +72,10 @@ class Pool:
     # budget.stopWhenPredicted: the fleet's confident prediction its round's first Pods
     # measure, (key, configuration); kept in memory only (a restart tunes the round on).
     predicted: tuple[str, dict[str, Any]] | None = None
-    # The earlier runs whose results its prior holds (`controller.memory`): (run, results in its space).
-    learned_from: list[tuple[str, int]] = field(default_factory=list)
+    # What its prior holds of the fleet (`controller.memory`): (kind, name, results in its space),
+    # and how many of the run's other pools' records it was built from.
+    learned_from: list[tuple[PriorKind, str, int]] = field(default_factory=list)
+    peer_records: int = 0
     prior_weight: float | None = None  # its study's (`Study.prior_weight`), as last reported
 
     @property
@@ -97,7 +99,7 @@ class Pool:
         if old.tuned_for is not None:
             self.tuned_for = GpuFingerprint.from_status(old.tuned_for)
         self.stale = old.stale
-        self.learned_from = [(p.run, p.results) for p in old.learned_from]
+        self.learned_from = [(p.kind, p.name, p.results) for p in old.learned_from]
         self.prior_weight = old.prior_weight
         if old.phase in (PoolPhase.SUCCEEDED, PoolPhase.FAILED):
             self.phase, self.message = PoolPhase(old.phase), old.message

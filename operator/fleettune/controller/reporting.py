@@ -104,7 +104,8 @@ class Reporter:
             if pool.study is not None:
                 pool.prior_weight = pool.study.prior_weight
             if pool.learned_from:
-                update["learned_from"] = [PriorSource(run=run, results=n) for run, n in pool.learned_from[:MAX_NAMED]]
+                update["learned_from"] = [PriorSource(kind=kind, name=name, results=n)
+                                          for kind, name, n in pool.learned_from[:MAX_NAMED]]
             if pool.prior_weight is not None:
                 update["prior_weight"] = round(pool.prior_weight, 3)
             if pool.key != pool.spec.name:

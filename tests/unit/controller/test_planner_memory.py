@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fleet_double import FakeFleet, iso
+from fleet_double import A100, FakeFleet, iso
 from test_planner import SPEC, timed
 
 from fleettune.api import TuningRunSpec
 from fleettune.controller import memory
-from fleettune.controller.memory import FleetMemory, kernel_id, memory_prior
+from fleettune.controller.memory import FleetMemory, fleet_prior, kernel_id, peers_of
 from fleettune.controller.pool import Pool, build_search, in_space
 from fleettune.results import StoredRun, TrialRecord
 from fleettune_job.protocol import Fingerprint, Outcome
@@ -57,11 +57,10 @@ def test_a_run_starts_from_an_earlier_run_of_its_kernel_and_says_so() -> None:
     f.step()
     t = f.target()
     valid = sum(r.is_observation for r in earlier.records)
-    assert t["learnedFrom"] == [{"run": "conv-a", "results": valid}]
+    assert t["learnedFrom"] == [{"kind": "Run", "name": "conv-a", "results": valid}]
     assert f.planner.pools["a100"].study is not None and f.planner.pools["a100"].study.n_prior == valid
     said = [m for kind, reason, m in f.planner.events if reason == "WarmStart"]
-    assert said == [f"a100: starts from {valid} results of 1 earlier run(s) of this kernel in its space: "
-                    f"conv-a ({valid})"]
+    assert said == [f"a100: starts from {valid} results of the fleet in its space: run conv-a ({valid})"]
     assert f.run().phase == "Succeeded"
     assert 0 <= f.target()["priorWeight"] <= 1
     assert f.memory_reads == 1  # once per kernel: nothing re-reads it while no pool builds its search
@@ -118,17 +117,66 @@ def test_the_prior_takes_the_pools_own_gpu_first_then_the_newest_up_to_its_cap(m
     new_other_gpu = StoredRun("ns", "new", "u2", False, _records("rtx", "NVIDIA GeForce RTX 3090", 9000.0, 6, 5.0))
     shared = StoredRun("team-b", "b", "u3", True, _records("rtx", "NVIDIA GeForce RTX 3090", 5000.0, 6, 1.0))
     runs = [new_other_gpu, shared, old_same_gpu]
-    use = memory_prior(pool, runs, "ns", in_space(pool.space))
-    assert use.per_run == [("new", 6), ("old", 6), ("team-b/b", 6)]
+    use = fleet_prior(pool, [], runs, "ns", in_space(pool.space))
+    assert use.sources == [("Run", "new", 6), ("Run", "old", 6), ("Run", "team-b/b", 6)]
     assert sorted(v for _, _, v in use.observations if v is not None)[:3] == [1.0, 1.0, 1.0]  # each group's best
     monkeypatch.setattr(memory, "MAX_OBSERVATIONS", 12)
-    use = memory_prior(pool, runs, "ns", in_space(pool.space))
-    assert use.per_run == [("new", 6), ("old", 6)]  # its own GPU's, then the newest other
+    use = fleet_prior(pool, [], runs, "ns", in_space(pool.space))
+    assert use.sources == [("Run", "new", 6), ("Run", "old", 6)]  # its own GPU's, then the newest other
+    # The run's other pools come first, whatever their GPU.
+    peers = [("rtx", _records("rtx", "NVIDIA GeForce RTX 3090", 100.0, 6, 3.0))]
+    use = fleet_prior(pool, peers, runs, "ns", in_space(pool.space))
+    assert use.sources == [("Pool", "rtx", 6), ("Run", "old", 6)] and use.peer_records == 6
     monkeypatch.setattr(memory, "MAX_OBSERVATIONS", 3)
-    assert memory_prior(pool, runs, "ns", in_space(pool.space)).per_run == [("old", 6)]  # one group at least
+    assert fleet_prior(pool, [], runs, "ns", in_space(pool.space)).sources == [("Run", "old", 6)]  # one at least
     assert "and" not in use.summary("a100")
 
 
-def test_the_event_names_a_bounded_number_of_runs() -> None:
-    use = memory.MemoryUse([], [(f"run-{i}", 1) for i in range(memory.MAX_NAMED + 3)])
-    assert use.summary("a100").endswith(f"run-{memory.MAX_NAMED - 1} (1) and 3 more")
+def test_the_event_names_a_bounded_number_of_sources() -> None:
+    use = memory.FleetPrior([], [("Run", f"r-{i}", 1) for i in range(memory.MAX_NAMED + 3)], 0)
+    assert use.summary("a100").endswith(f"run r-{memory.MAX_NAMED - 1} (1) and 3 more")
+
+
+RTX = {**A100, "nvidia.com/gpu.product": "NVIDIA-RTX-A4000", "nvidia.com/gpu.compute.major": "8",
+       "nvidia.com/gpu.compute.minor": "6"}
+
+
+def two_pools(**changes: Any) -> FakeFleet:
+    """An A100 pool and an RTX pool of one run, one trial at a time each."""
+    targets = [SPEC["targets"][0], {"name": "rtx", "nodeSelector": {"nvidia.com/gpu.product": RTX[
+        "nvidia.com/gpu.product"]}}]
+    body = spec(targets=targets, strategy={"name": "bayes", "seed": 2},
+                budget={"trialsPerTarget": 16, "parallelism": 1}, **changes)
+    return FakeFleet(spec=body, measure=timed, nodes={"gpu-0": dict(A100), "gpu-1": dict(RTX)})
+
+
+def test_the_pools_of_a_run_learn_from_each_other_as_they_measure() -> None:
+    f = two_pools()
+    builds: dict[str, list[int]] = {"a100": [], "rtx": []}
+    for _ in range(100):
+        plan = f.step()
+        for key, pool in f.planner.pools.items():
+            if pool.study is not None and (not builds[key] or builds[key][-1] != pool.peer_records):
+                builds[key].append(pool.peer_records)
+        if plan.finished:
+            break
+        f.finish()
+        f.advance(10)
+    assert plan.finished
+    for key, other in (("a100", "rtx"), ("rtx", "a100")):
+        learned = {(s["kind"], s["name"]): s["results"] for s in f.target(key)["learnedFrom"]}
+        # The other pool's results, refreshed as they arrived (its last ones may come after).
+        assert learned[("Pool", other)] >= 8, learned
+        assert builds[key][0] < builds[key][-1] and len(builds[key]) <= 12, builds
+        assert all(b >= 1.25 * a or b >= a + 2 for a, b in zip(builds[key], builds[key][1:], strict=False))
+        assert 0 <= f.target(key)["priorWeight"] <= 1
+
+
+def test_pools_of_other_sizes_are_no_peers_and_an_opted_out_run_shares_nothing() -> None:
+    f = two_pools(fleetMemory={"enabled": False})
+    f.run()
+    assert not f.target("a100").get("learnedFrom") and not f.target("rtx").get("learnedFrom")
+    pools = list(f.planner.pools.values())
+    assert [key for key, _ in peers_of(pools[0], pools, f.store.records)] == [pools[1].key]
+    pools[1].problem_size = (1024, 1024)
+    assert peers_of(pools[0], pools, f.store.records) == []
