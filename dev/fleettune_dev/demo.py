@@ -45,7 +45,8 @@ def _table(run: dict[str, Any], elapsed: float) -> Table:
     # Cells and titles are rich markup: every text from the cluster is escaped ("[synthetic]").
     table = Table(title=escape(f"TuningRun {run['metadata']['name']}: {status.get('phase', 'Pending')} "
                                f"({elapsed:.0f}s)"))
-    columns = ("pool", "device", "phase", "trials", "running", "invalid", "infra", "best ms", "default ms", "speed-up")
+    columns = ("pool", "device", "phase", "trials", "running", "invalid", "infra", "best ms", "default ms", "speed-up",
+               "learns from")
     for col in columns:
         table.add_column(col, justify="left" if col in ("pool", "device", "phase") else "right")
     for t in status.get("targets", []):
@@ -63,8 +64,21 @@ def _table(run: dict[str, Any], elapsed: float) -> Table:
             escape(f"{best['objectiveMs']:.4g}" + (" [unverified]" if fp.get("unverified") else "")) if best else "-",
             f"{t['defaultMs']:.4g}" if t.get("defaultMs") else "-",
             f"{t['speedup']:.2f}x" if t.get("speedup") else "-",
+            escape(_learns_from(t, short=True)),
         )
     return table
+
+
+def _learns_from(target: dict[str, Any], short: bool = False) -> str:
+    """The other pools and earlier runs a pool's search starts from, and the weight its
+    model gives them now ("-": none)."""
+    sources = target.get("learnedFrom") or []
+    if not sources:
+        return "-"
+    names = ", ".join(s["name"] if short else f"{s['kind'].lower()} {s['name']} ({s['results']})" for s in sources)
+    weight = target.get("priorWeight")
+    return names + (f" @{weight:.2f}" if short and weight is not None else
+                    f"; weight {weight:.2f}" if weight is not None else "")
 
 
 def _summary(console: Console, run: dict[str, Any]) -> None:
@@ -86,6 +100,8 @@ def _summary(console: Console, run: dict[str, Any]) -> None:
         rest = f" ({t.get('device')}): {best['objectiveMs']:.4g} ms{unchecked}{speed}{note}"
         console.print(f"  [bold]{escape(t['name'])}[/bold]{escape(rest)}", soft_wrap=True, highlight=False)
         say(f"      {json.dumps(best['config'], separators=(',', ':'))}")
+        if (learned := _learns_from(t)) != "-":
+            say(f"      learned from {learned}")
 
 
 def main(argv: list[str]) -> int:
@@ -135,6 +151,9 @@ def main(argv: list[str]) -> int:
         run = _watch(cluster, name, console, started, args.timeout)
         _summary(console, run)
         say(f"\nDemo finished in {time.monotonic() - started:.0f}s.")
+        if args.keep:  # the fleet's memory: a later run of the kernel starts warm
+            say("A second run of this kernel (another name, target or size) starts from these results: "
+                "see its status.targets[].learnedFrom.")
         return 0 if (run.get("status") or {}).get("phase") == "Succeeded" else 1
     finally:
         if args.keep:

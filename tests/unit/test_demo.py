@@ -16,7 +16,9 @@ RUN = {
     "status": {"phase": "Succeeded", "targets": [
         {"name": "jetson-orin", "device": "Jetson AGX Orin", "phase": "Succeeded", "completed": 40, "budget": 40,
          "fingerprint": {"synthetic": True, "simulated": True}, "best": {"objectiveMs": 3.56, "config": CONFIG},
-         "defaultMs": 7.1, "speedup": 2.0},
+         "defaultMs": 7.1, "speedup": 2.0, "priorWeight": 0.5,
+         "learnedFrom": [{"kind": "Pool", "name": "a100", "results": 12},
+                         {"kind": "Run", "name": "old", "results": 3}]},
         {"name": "a100", "device": "NVIDIA A100-PCIE-40GB", "phase": "Succeeded", "completed": 40, "budget": 40,
          "fingerprint": {"simulated": True}, "best": {"objectiveMs": 0.887, "config": CONFIG}},
     ]},
@@ -33,6 +35,13 @@ def test_the_live_table_keeps_the_synthetic_marker():
     text = console.export_text()
     assert "Jetson AGX Orin [synthetic]" in text
     assert "NVIDIA A100-PCIE-40GB [synthetic]" not in text
+    assert "a100, old @0.50" in text  # what each pool learns from, and its weight
+
+
+def test_the_summary_says_what_each_pool_learned_from():
+    console = _console(160)
+    _summary(console, RUN)
+    assert "learned from pool a100 (12), run old (3); weight 0.50" in console.export_text()
 
 
 def test_the_summary_never_wraps_a_configuration():

@@ -10,8 +10,9 @@ three modes, every pool with the same seed and budget (`fleet_run`):
                `bench strategy`'s, batched as one GPU's Pods with ``--batch``);
   sharing      the pools advance in lockstep rounds, each round every pool gets its
                next batch (``--batch``, ramped as the operator's Pods are) and the
-               round's results arrive in GPU order; before each suggestion, a pool's
+               round's results arrive in GPU order; as in the operator, a pool's
                study is rebuilt with every other pool's results so far as its prior
+               whenever they have grown by a quarter
                (one group per pool, times relative to that pool's best, as the
                operator's warm starts are) and its own results observed again. A prior
                that misleads is dropped as in any warm start (``prior_patience``);

@@ -6,9 +6,10 @@ given its next batch, then all the round's results arrive, pool by pool in GPU o
 batch is one suggestion (``batch`` 1) or, as the operator's Pods are, ``batch`` ramped up
 by `slow_start` while results are few. Independent pools keep one cold `Study` each, so a
 pool's replay is `bench.strategy.run_once` (``batch`` 1) or `run_batched` with one GPU.
-Sharing pools get, before each suggestion, a `Study` rebuilt with every other pool's
-results so far as ``prior=`` (`shared_prior`) and their own results observed again: the
-warm-start machinery applied live, prior dropped where it misleads (``prior_patience``)
+Sharing pools get, as the operator's do, a `Study` rebuilt with every other pool's
+results so far as ``prior=`` (`shared_prior`) whenever those have grown by a quarter
+(`controller.memory.refresh_due`), and their own results observed again: the warm-start
+machinery applied live, prior dropped where it misleads (``prior_patience``)
 included. A pool never waits: what another pool measures in a round reaches it at the next.
 
 `sequential` tunes the pools one after another, each with every earlier pool's full
@@ -150,7 +151,7 @@ class PriorBuilder:
         space = self.pools[receiver].replay.space
 
         def valid(config: dict[str, Any]) -> bool:
-            # Every pool's study is rebuilt every round: each configuration is checked once.
+            # Every pool's study is rebuilt many times: each configuration is checked once.
             key = (receiver, tuple(config.values()))
             if key not in self._valid:
                 try:
@@ -180,10 +181,12 @@ def lockstep(
 ) -> list[PoolTrace]:
     """Replay ``pools`` in lockstep rounds (see the module's doc), each up to ``budget``
     evaluations, every pool's study seeded with ``seed``. ``share``: rebuild each pool's
-    study with the other pools' results as its prior before every suggestion. ``priors``:
+    study with the other pools' results as its prior when they have grown as the operator
+    rebuilds it (`controller.memory.refresh_due`: by a quarter). ``priors``:
     a fixed prior per pool (before the shared one). ``ramp``: batches ramp up by
     `slow_start` as the operator's fixed-size Pods do. ``stop_at``: stop once every pool
     has reached this fraction of its optimum (no count at or below it changes after)."""
+    from fleettune.controller.memory import refresh_due
     from fleettune.optimize import Study, split_settings
     from fleettune.optimize.batching import slow_start
 
@@ -198,6 +201,7 @@ def lockstep(
     studies = [build(i, fixed[i]) for i in range(len(pools))]
     traces = [PoolTrace(budget=min(budget, len(p.replay.rows)), cost_of=p.gpu_s) for p in pools]
     builder = PriorBuilder(pools)
+    built_from = [0] * len(pools)  # the other pools' results each study's prior holds
     reached = [False] * len(pools)
     rnd = 0
     while True:
@@ -208,18 +212,20 @@ def lockstep(
             if left <= 0:
                 batches.append([])
                 continue
-            study = studies[i]
-            if share and rnd > 0:
-                study = build(i, fixed[i] + builder.shared(i, traces, rnd))
+            others = sum(len(t.cand) for j, t in enumerate(traces) if j != i)
+            if share and rnd > 0 and refresh_due(built_from[i], others):
+                studies[i] = build(i, fixed[i] + builder.shared(i, traces, rnd))
+                built_from[i] = others
                 for (config, outcome, value), c in zip(tr.observations, tr.cand, strict=True):
-                    study.observe(config, outcome, value, pool.replay.times[c] if value is not None else ())
+                    studies[i].observe(config, outcome, value, pool.replay.times[c] if value is not None else ())
+            study = studies[i]
             k = slow_start(batch, len(tr.cand), 0) if ramp and study.learns else batch
             batches.append(study.suggest(min(k, left)))
         if not any(batches):
             break
         for i, configs in enumerate(batches):
             for config in configs:
-                observe(pools[i], studies[i] if not share else _Lookup(studies[i]), config, traces[i])
+                observe(pools[i], studies[i], config, traces[i])
                 traces[i].rounds.append(rnd)
             if stop_at is not None and traces[i].cand:
                 reached[i] = reached[i] or traces[i].evals_to(pools[i].replay.optimum, stop_at) <= len(traces[i].cand)
@@ -227,17 +233,6 @@ def lockstep(
         if stop_at is not None and all(reached):
             break
     return traces
-
-
-class _Lookup:
-    """A study used only to place configurations among its candidates (a sharing pool's
-    results are observed by the study rebuilt for its next suggestion)."""
-
-    def __init__(self, study: Any) -> None:
-        self.candidates = study.candidates
-
-    def observe(self, *_: Any) -> None:
-        pass
 
 
 def sequential(

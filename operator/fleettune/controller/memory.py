@@ -127,8 +127,13 @@ def peers_of(pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord]) 
 def outgrown(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]]) -> bool:
     """Whether the other pools measured enough since ``pool``'s prior was built to rebuild it:
     a quarter more (two at least), so that a run rebuilds each study a few dozen times at most."""
-    now = sum(len(records) for _, records in peers)
-    return now >= max(pool.peer_records + 2, 1.25 * pool.peer_records)
+    return refresh_due(pool.peer_records, sum(len(records) for _, records in peers))
+
+
+def refresh_due(built_from: int, now: int) -> bool:
+    """Whether a prior built from ``built_from`` of the other pools' results is rebuilt now
+    that they have ``now``: a quarter more, two at least."""
+    return now >= max(built_from + 2, 1.25 * built_from)
 
 
 def fleet_prior(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]], runs: Sequence[StoredRun],
