@@ -141,12 +141,12 @@ RTX = {**A100, "nvidia.com/gpu.product": "NVIDIA-RTX-A4000", "nvidia.com/gpu.com
        "nvidia.com/gpu.compute.minor": "6"}
 
 
-def two_pools(**changes: Any) -> FakeFleet:
-    """An A100 pool and an RTX pool of one run, one trial at a time each."""
+def two_pools(trials: int = 16, **changes: Any) -> FakeFleet:
+    """An A100 pool and an RTX pool of one run, one trial Pod at a time each."""
     targets = [SPEC["targets"][0], {"name": "rtx", "nodeSelector": {"nvidia.com/gpu.product": RTX[
         "nvidia.com/gpu.product"]}}]
     body = spec(targets=targets, strategy={"name": "bayes", "seed": 2},
-                budget={"trialsPerTarget": 16, "parallelism": 1}, **changes)
+                budget={"trialsPerTarget": trials, "parallelism": 1}, **changes)
     return FakeFleet(spec=body, measure=timed, nodes={"gpu-0": dict(A100), "gpu-1": dict(RTX)})
 
 
@@ -180,3 +180,19 @@ def test_pools_of_other_sizes_are_no_peers_and_an_opted_out_run_shares_nothing()
     assert [key for key, _ in peers_of(pools[0], pools, f.store.records)] == [pools[1].key]
     pools[1].problem_size = (1024, 1024)
     assert peers_of(pools[0], pools, f.store.records) == []
+
+
+def test_a_restarted_operator_rebuilds_each_pools_shared_prior_from_the_store() -> None:
+    f = two_pools(trials=40)
+    for _ in range(2):
+        f.step()
+        f.finish()
+        f.advance(10)
+    assert not any(pool.done for pool in f.planner.pools.values())
+    before = {key: pool.learned_from for key, pool in f.planner.pools.items()}
+    assert all(before.values())
+    f.planner = f.new_planner()
+    f.step()
+    for key, pool in f.planner.pools.items():
+        assert pool.study is not None and pool.study.n_prior >= before[key][0][2]
+        assert [(k, n) for k, n, _ in pool.learned_from] == [(k, n) for k, n, _ in before[key]]
