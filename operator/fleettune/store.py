@@ -74,21 +74,21 @@ def _shard_order(name: str) -> tuple[int, str]:
     return (int(tail) if tail.isdigit() else 1 << 30, name)
 
 
-def _owners(cm: client.V1ConfigMap) -> list[str]:
-    return [o.uid for o in ((cm.metadata.owner_references if cm.metadata else None) or [])]
-
-
-def _uid_label(cm: client.V1ConfigMap) -> str | None:
-    return ((cm.metadata.labels if cm.metadata else None) or {}).get(RUN_UID_LABEL)
-
-
-def owned_by(obj: client.V1ConfigMap | Mapping[str, Any], uid: str) -> bool:
-    """Whether a ConfigMap (client model or dict) is owned by the run with ``uid``."""
+def _owners_and_run(obj: client.V1ConfigMap | Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """A ConfigMap's (client model or dict) owners' uids and the run uid it is labelled with."""
     if isinstance(obj, Mapping):
-        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
-        return any(o.get("uid") == uid for o in owners)
+        meta = obj.get("metadata") or {}
+        owners = [o.get("uid") for o in meta.get("ownerReferences") or []]
+        return owners, (meta.get("labels") or {}).get(RUN_UID_LABEL)
     refs = (obj.metadata.owner_references if obj.metadata else None) or []
-    return any(o.uid == uid for o in refs)
+    return [o.uid for o in refs], ((obj.metadata.labels if obj.metadata else None) or {}).get(RUN_UID_LABEL)
+
+
+def held_by(obj: client.V1ConfigMap | Mapping[str, Any], uid: str) -> bool:
+    """Whether a ConfigMap is a shard of the run with ``uid``: owned by it, or retained (no
+    owner, labelled with its uid)."""
+    owners, run = _owners_and_run(obj)
+    return uid in owners or (not owners and run == uid)
 
 
 def _listed_name(cm: client.V1ConfigMap) -> str:
@@ -152,15 +152,15 @@ class ResultsStore:
         known = {s.name: s for s in self._shards}
         for cm in sorted(items, key=lambda c: _shard_order(_listed_name(c))):
             meta = cm.metadata
-            retained = not _owners(cm) and _uid_label(cm) == self.uid
-            if meta is None or not meta.name or not (owned_by(cm, self.uid) or retained):
+            if meta is None or not meta.name or not held_by(cm, self.uid):
                 continue
             old = known.get(meta.name)
             if old is not None and old.resource_version is not None and old.resource_version == meta.resource_version:
                 shards.append(old)  # unchanged since read or written: not decoded again
                 continue
             data = (cm.binary_data or {}).get(DATA_KEY)
-            shards.append(_Shard(meta.name, meta.resource_version, decode_shard(data) if data else [], retained))
+            shards.append(_Shard(meta.name, meta.resource_version, decode_shard(data) if data else [],
+                                 retained=not meta.owner_references))
         # A shard this store read or wrote that is gone was deleted by hand: its records
         # are lost, and the run's counts must say so rather than show what it held.
         listed = {s.name for s in shards}
@@ -254,10 +254,7 @@ class ResultsStore:
             if exc.status == 404:
                 return True
             raise
-        body = raw_json(resp)
-        meta = body.get("metadata") or {}
-        retained = not meta.get("ownerReferences") and (meta.get("labels") or {}).get(RUN_UID_LABEL) == self.uid
-        return owned_by(body, self.uid) or retained
+        return held_by(raw_json(resp), self.uid)
 
     def _write(self, shard: _Shard, records: list[TrialRecord]) -> None:
         body: dict[str, Any] = {
@@ -314,7 +311,7 @@ class MemoryReader:
         found: dict[str, StoredRun] = {}
         for cm in shards:
             meta = cm.metadata
-            uid, owners = _uid_label(cm), _owners(cm)
+            owners, uid = _owners_and_run(cm)
             if meta is None or not meta.name or uid is None or uid == own_uid:
                 continue
             # A live run's, or retained (no owner): never a deleted run's that the garbage

@@ -124,15 +124,18 @@ def peers_of(pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord]) 
             and (seen := [r for r in q.records(records) if r.is_observation])]
 
 
-def outgrown(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]]) -> bool:
-    """Whether the other pools measured enough since ``pool``'s prior was built to rebuild it:
-    a quarter more (two at least), so that a run rebuilds each study a few dozen times at most."""
-    return refresh_due(pool.peer_records, sum(len(records) for _, records in peers))
+def outgrown(pools: Sequence[Pool], records: Iterable[TrialRecord]) -> list[Pool]:
+    """The unfinished pools with a study whose prior the other pools of its size have
+    outgrown (`refresh_due`): each pool's observations counted once."""
+    seen = {q.key: sum(r.is_observation for r in q.records(records)) for q in pools}
+    return [p for p in pools if p.study is not None and not p.done and refresh_due(p.peer_records, sum(
+        seen[q.key] for q in pools if q.spec.name != p.spec.name and q.problem_size == p.problem_size))]
 
 
 def refresh_due(built_from: int, now: int) -> bool:
     """Whether a prior built from ``built_from`` of the other pools' results is rebuilt now
-    that they have ``now``: a quarter more, two at least."""
+    that they have ``now``: a quarter more (two at least), so that a run rebuilds each study
+    a few dozen times at most."""
     return now >= max(built_from + 2, 1.25 * built_from)
 
 

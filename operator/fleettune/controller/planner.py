@@ -33,7 +33,7 @@ from fleettune.controller.fleet import (
     waits_for_nodes,
 )
 from fleettune.controller.lifecycle import PoolPhase
-from fleettune.controller.memory import FleetMemory, FleetPrior, kernel_id, outgrown, peers_of, stamped
+from fleettune.controller.memory import FleetMemory, FleetPrior, kernel_id, outgrown, stamped
 from fleettune.controller.observed import NodeBody
 from fleettune.controller.plan import Observed, Plan, collect
 from fleettune.controller.pool import Pool, build_search, make_study
@@ -438,12 +438,12 @@ class Planner:
         return fleet
 
     def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
+        if self.spec is not None and self.spec.fleet_memory.enabled:
+            for pool in outgrown(list(self.pools.values()), records):
+                self._make_study(pool, records)  # the other pools measured more: its own records are fed again
         for pool in self.pools.values():
             if pool.study is None:
                 continue
-            if self.spec is not None and self.spec.fleet_memory.enabled and not pool.done and \
-                    outgrown(pool, peers_of(pool, self.pools.values(), records)):
-                self._make_study(pool, records)  # the other pools measured more: its own records are fed again
             new = [r for r in pool.records(records) if r.index not in pool.observed and r.is_observation]
             for rec in sorted(new, key=lambda r: r.index):
                 pool.observed.add(rec.index)
