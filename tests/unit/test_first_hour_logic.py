@@ -284,6 +284,7 @@ class FakeCore:
                 meta = o["metadata"]
                 items.append(SimpleNamespace(
                     metadata=SimpleNamespace(name=meta["name"], resource_version=meta["resourceVersion"],
+                                             labels=meta.get("labels"),
                                              owner_references=[SimpleNamespace(uid=r["uid"])
                                                                for r in meta.get("ownerReferences") or []]),
                     binary_data=o.get("binaryData")))
