@@ -18,9 +18,10 @@ RECORDING = Path(__file__).resolve().parents[2] / "dev" / "fleettune_dev" / "dat
     "convolution_milo-A4000.json.gz"
 
 
-def _users_cache(entries: int = 1500) -> str:
+def _users_cache(entries: int = 400) -> str:
     """The RTX A4000's Kernel Tuner cache of the demo kernel, its fastest entries and some
-    failures: what a user tuned before, small enough for a ConfigMap (1 MiB)."""
+    failures: what a user tuned before, small enough for a ConfigMap (1 MiB) and for the
+    operator's prior model to fit in seconds on the test machine."""
     doc = json.loads(gzip.decompress(RECORDING.read_bytes()))
     timed = sorted(((k, v) for k, v in doc["cache"].items() if isinstance(v.get("time"), int | float)),
                    key=lambda kv: kv[1]["time"])
@@ -58,7 +59,7 @@ def test_a_users_kernel_tuner_cache_warm_starts_the_run_and_is_waited_for(cluste
     assert kstatus.compute([run])[0]["status"] == "Current"
     said = wait_for(lambda: _events(cluster, namespace, "WarmStart"), 30, "the WarmStart event")
     assert said[0].startswith("a100: ") and "from spec.warmStart" in said[0]
-    assert int(said[0].split()[1]) > 1000  # the cache's configurations that exist in the run's space
+    assert int(said[0].split()[1]) > 300  # the cache's configurations that exist in the run's space
 
 
 def test_kstatus_reads_a_failed_and_an_edited_live_run(cluster, namespace, operator):

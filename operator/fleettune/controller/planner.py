@@ -49,8 +49,6 @@ from fleettune.names import bounded
 from fleettune.results import Records, StoredRun, TrialRecord
 from fleettune.sizes import pool_key
 
-NODE_RECHECK_S = 30.0
-
 
 def reopened(old: BudgetSpec | None, new: BudgetSpec) -> str:
     """The message of a finished pool that a spec edit opens again: what was raised."""
@@ -291,7 +289,6 @@ class Planner:
             why = "no node matches" if not nodes else "no eligible node (upgrading, cordoned or shared) among"
             queued = f"; {back_in_queue(len(pool.requeue))}" if pool.requeue else ""
             pool.move(PoolPhase.UNSCHEDULABLE, f"{why} {selector}{queued}")
-            pool.next_check = obs.mono + NODE_RECHECK_S
             return False
         if pool.nodes_missing_since is not None:
             pool.nodes_missing_since = None
@@ -386,7 +383,7 @@ class Planner:
             if pool.study is None and (waiting := self._earlier_sizes_running(pool)):
                 pool.move(PoolPhase.PENDING, f"waiting for {waiting} to finish (warm start)")
                 continue
-            if pool.study is None and obs.mono >= pool.next_check:
+            if pool.study is None:
                 try:
                     self._setup_pool(pool, obs)
                 except SpecError as exc:

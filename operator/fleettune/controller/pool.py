@@ -67,7 +67,6 @@ class Pool:
     trials_per_pod: int = 1  # of the pool's latest trial Pod
     requeue: list[dict[str, Any]] = field(default_factory=list)  # `hand_back`: measured first
     index_floor: int = 0  # `hand_back`: the pool's next trial index is at least this
-    next_check: float = 0.0
     nodes_missing_since: float | None = None  # epoch seconds: none of its nodes exists (scaled to zero)
     # budget.stopWhenPredicted: the fleet's confident prediction its round's first Pods
     # measure, (key, configuration); kept in memory only (a restart tunes the round on).

@@ -135,8 +135,7 @@ def test_a_pool_whose_nodes_are_gone_waits_unschedulable_and_resumes() -> None:
     assert "no node matches spec.targets[a100].nodeSelector" in f.target()["message"]
     assert plan.report is not None and plan.report.phase == "Running" and not plan.finished
     f.set_nodes({"gpu-0": dict(A100)})
-    f.advance(31)  # the pool's search is built once a node is back
-    plan = f.step()
+    plan = f.step()  # the pool's search is built at the first step that sees a node back
     assert f.target()["phase"] == "Running" and plan.create
 
 
@@ -172,13 +171,21 @@ def test_a_pool_scaled_to_zero_keeps_one_trial_pending_for_an_autoscaler_then_sa
     assert not f.step().create and not f.running(), "an unschedulable pool starts nothing"
     assert f.target()["message"].endswith(f"; {back}, none counted as failed")
     f.set_nodes({"gpu-0": dict(A100)})  # the autoscaler came late: the pool tunes at full parallelism
-    f.advance(31)
     plan = f.step()
     assert f.target()["phase"] == "Running" and len(f.running()) == 3 and not _degraded(f)
     first = [c for job in plan.create for _, c in entries_of(job)]
     assert all(c in first for c in waiting_configs), "the withdrawn configuration is measured first"
     assert f.run().phase == "Succeeded"
     assert [r.config for r in f.records_of() if r.config in waiting_configs] == waiting_configs  # once each
+
+
+def test_a_fixed_node_selector_is_tuned_on_at_the_next_step() -> None:
+    spec = {**SPEC, "targets": [{"name": "a100", "nodeSelector": {"pool": "typo"}}]}
+    f = FakeFleet(spec=spec, measure=timed)
+    assert not f.step().create and f.target()["phase"] == "Unschedulable"
+    f.edit(targets=SPEC["targets"])
+    plan = f.step()
+    assert f.target()["phase"] == "Running" and plan.create
 
 
 def test_a_pool_whose_gpu_is_unknown_does_not_wait_for_nodes() -> None:
