@@ -1,7 +1,9 @@
-"""Shared test setup: the source roots are importable without an install."""
+"""Shared test setup: the source roots are importable without an install, and torch
+computes on one thread in every test process."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,11 @@ for src in ("operator", "job_image", "dev"):
     path = str(ROOT / src)
     if path not in sys.path:
         sys.path.insert(0, path)
+
+# Read by torch when it is first imported, here and in the operators the integration tests
+# start: two test workers and the operator on two cores, each with a thread per core, made
+# the GP fits five times slower (threads waiting on each other); the tests' models are small.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.hookimpl(optionalhook=True)
