@@ -16,10 +16,11 @@ for src in ("operator", "job_image", "dev"):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-# Read by torch when it is first imported, here and in the operators the integration tests
-# start: two test workers and the operator on two cores, each with a thread per core, made
-# the GP fits five times slower (threads waiting on each other); the tests' models are small.
+# Read by torch when it is first imported here, and by the operators the integration tests
+# start (FLEETTUNE_MODEL_THREADS): two test workers and the operator on two cores, each with
+# a thread per core, made the GP fits five times slower (threads waiting on each other).
 os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["FLEETTUNE_MODEL_THREADS"] = "1"
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -227,6 +227,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--variant", action="append", default=[],
                    help="also replay the same seeds with this strategy option or tuning knob KEY=VALUE (repeatable) "
                         "on top of --option, and print the difference per kernel family")
+    p.add_argument("--peer", action="append", default=[], choices=["optuna-tpe"],
+                   help="also replay the same seeds with another tool's strategy (repeatable; see "
+                        "fleettune_dev.bench.peers) and print the strategy's difference from it per kernel family")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--traces", help="JSON-lines file of finished runs: appended to, and resumed from")
     p.add_argument("--summarise-only", action="store_true", help="only summarise the runs in --traces")
@@ -243,6 +246,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--batch and --gpus must be at least 1")
     if args.variant and (args.batch > 1 or args.gpus > 1 or args.latency):
         p.error("--variant compares sequential replays: not with --batch, --gpus or --latency")
+    if args.peer and (args.batch > 1 or args.gpus > 1 or args.latency or args.variant):
+        p.error("--peer compares sequential replays: not with --batch, --gpus, --latency or --variant")
     return args
 
 
@@ -347,10 +352,19 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
                                                     ramp=args.ramp)
                         if traces_path is not None:
                             _append_trace(traces_path, key, done[key])
+                for peer in args.peer:
+                    from fleettune_dev.bench.peers import PEERS
 
-    def finished(replay: Replay, opts: dict[str, Any], batch: int = 1, gpus: int = 1) -> dict[int, RunTrace]:
+                    key = _trace_key(replay.name, peer, seed, args.budget, {})
+                    if key not in done:
+                        done[key] = PEERS[peer](replay, seed, args.budget)
+                        if traces_path is not None:
+                            _append_trace(traces_path, key, done[key])
+
+    def finished(replay: Replay, opts: dict[str, Any], batch: int = 1, gpus: int = 1,
+                 strategy: str = args.strategy) -> dict[int, RunTrace]:
         """The runs of ``replay`` done with these settings, by seed."""
-        keys = {s: _trace_key(replay.name, args.strategy, s, args.budget, opts, batch, gpus, args.ramp)
+        keys = {s: _trace_key(replay.name, strategy, s, args.budget, opts, batch, gpus, args.ramp)
                 for s in seeds}
         return {s: done[k] for s, k in keys.items() if k in done}
 
@@ -388,6 +402,18 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
         print(format_table(var_results))
         print()
         print(format_variant_comparison(comparison, f"{label} vs {args.strategy}"))
+    peers: dict[str, Any] = {}
+    for peer in args.peer:
+        runs = {r.name: finished(r, {}, strategy=peer) for r in replays}
+        peer_results = [summarise(r, peer, list(runs[r.name].values()), args.budget) for r in replays if runs[r.name]]
+        ours = {r.name: {s: fractions(r, t) for s, t in finished(r, options).items()} for r in replays}
+        theirs = {r.name: {s: fractions(r, t) for s, t in runs[r.name].items()} for r in replays}
+        peers[peer] = {"results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in peer_results],
+                       "comparison": paired_by_family(theirs, ours, args.budget)}
+        print()
+        print(format_table(peer_results))
+        print()
+        print(format_variant_comparison(peers[peer]["comparison"], f"{peer} → {args.strategy}"))
     if args.json_out:
         clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
         doc: dict[str, Any] = {"results": clean}
@@ -397,5 +423,7 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
         if variant is not None:
             doc["variant"] = {"options": variant, "comparison": comparison,
                               "results": [{k: v for k, v in r.items() if not k.startswith("_")} for r in var_results]}
+        if peers:
+            doc["peers"] = peers
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     return 0

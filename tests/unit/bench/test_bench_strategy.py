@@ -98,3 +98,30 @@ def test_a_variant_of_a_tuning_knob_reaches_the_study_through_the_development_ho
     assert main(argv) == 0
     assert seen == [({"initial": 3}, {}), ({"initial": 3}, {"rank_every": 0})]
     assert seen[1] != seen[0] and json.loads(out.read_text())["variant"]["options"] == {"initial": 3, "rank_every": 0}
+
+
+def test_a_peer_measures_each_configuration_of_the_space_once(tmp_path: Path) -> None:
+    from fleettune_dev.bench.peers import run_tpe
+    from fleettune_dev.bench.replay import load_replay, restrict
+
+    # A subspace: TPE proposes configurations outside it, which cost it nothing.
+    replay = restrict(load_replay(write_cache(tmp_path / "toy-A.json.gz", 4)), ["tile>=2"])
+    n, failures = len(replay.rows), int(np.isnan(replay.time_ms).sum())
+    every = run_tpe(replay, seed=0, budget=n + 5)
+    assert len(every.best) == n and every.invalid == failures and every.best[-1] == replay.optimum
+    assert (np.diff(every.best[np.isfinite(every.best)]) <= 0).all()
+    first = run_tpe(replay, seed=1, budget=12)
+    assert np.array_equal(first.best, run_tpe(replay, seed=1, budget=12).best)
+    assert any(not np.array_equal(first.best, run_tpe(replay, seed=s, budget=12).best) for s in (2, 3, 4))
+
+
+def test_the_command_compares_the_strategy_with_a_peer_on_the_same_seeds(tmp_path: Path, capsys) -> None:
+    a = write_cache(tmp_path / "toy-A.json.gz", 4)
+    out = tmp_path / "out.json"
+    assert main(["--cache", str(a), "--seeds", "2", "--budget", "20", "--strategy", "random",
+                 "--peer", "optuna-tpe", "--json", str(out)]) == 0
+    assert "optuna-tpe → random" in capsys.readouterr().out
+    (toy,) = json.loads(out.read_text())["peers"]["optuna-tpe"]["comparison"]
+    assert toy["family"] == "toy" and toy["seeds"] == 2
+    with pytest.raises(SystemExit):
+        main(["--cache", str(a), "--peer", "optuna-tpe", "--variant", "initial=3"])

@@ -255,6 +255,17 @@ def test_the_operator_reads_the_node_wait_the_chart_sets(chart: Helm, monkeypatc
         assert node_wait_from_env() == expected
 
 
+def test_the_operator_reads_the_model_threads_the_chart_sets(chart: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleettune.controller.handlers import MODEL_THREADS_ENV, model_threads_from_env
+
+    for sets, expected in (((), 2), (("modelThreads=1",), 1)):
+        env = {e["name"]: e["value"] for e in container(chart.template(sets=sets))["env"] if "value" in e}
+        monkeypatch.setenv(MODEL_THREADS_ENV, env[MODEL_THREADS_ENV])
+        assert model_threads_from_env() == expected
+    with pytest.raises(AssertionError, match="modelThreads"):
+        chart.template(sets=("modelThreads=0",))
+
+
 def test_crd_is_the_generated_one_with_a_keep_policy(chart: Helm) -> None:
     crd = one(chart.template(), "CustomResourceDefinition")
     generated = yaml.safe_load((ROOT / "crds" / "tuningrun.yaml").read_text())

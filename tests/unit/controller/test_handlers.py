@@ -84,6 +84,20 @@ def test_a_bad_node_wait_is_refused_naming_the_setting(monkeypatch: pytest.Monke
         handlers.node_wait_from_env()
 
 
+@pytest.mark.parametrize(("raw", "expected"), [("", 2), ("1", 1), ("4", 4)])
+def test_the_model_threads_come_from_the_operators_environment(monkeypatch: pytest.MonkeyPatch, raw: str,
+                                                               expected: int) -> None:
+    monkeypatch.setenv(handlers.MODEL_THREADS_ENV, raw)
+    assert handlers.model_threads_from_env() == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-2", "two", "1.5"])
+def test_bad_model_threads_are_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(handlers.MODEL_THREADS_ENV, raw)
+    with pytest.raises(ValueError, match=f"^{handlers.MODEL_THREADS_ENV}="):
+        handlers.model_threads_from_env()
+
+
 def _job(rv: int, *, complete: bool = False, suspend: bool = False, active: int = 0) -> dict[str, Any]:
     conditions = [{"type": "Complete", "status": "True"}] if complete else []
     return {"metadata": {"name": "run-a100-0001", "namespace": "ns", "uid": "job-uid", "resourceVersion": str(rv),
