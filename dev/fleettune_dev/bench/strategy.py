@@ -211,6 +211,8 @@ def paired_by_family(
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from fleettune_dev.bench.peers import PEERS  # it imports RunTrace from here
+
     p = argparse.ArgumentParser(prog="fleettune bench strategy", description=__doc__)
     p.add_argument("--cache", action="append", default=[], help="Kernel Tuner cache file (repeatable)")
     p.add_argument("--where", action="append", default=[],
@@ -227,7 +229,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--variant", action="append", default=[],
                    help="also replay the same seeds with this strategy option or tuning knob KEY=VALUE (repeatable) "
                         "on top of --option, and print the difference per kernel family")
-    p.add_argument("--peer", action="append", default=[], choices=["optuna-tpe"],
+    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
                    help="also replay the same seeds with another tool's strategy (repeatable; see "
                         "fleettune_dev.bench.peers) and print the strategy's difference from it per kernel family")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -311,6 +313,8 @@ def _append_trace(path: Path, key: str, trace: RunTrace) -> None:
 
 
 def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
+    from fleettune_dev.bench.peers import PEERS
+
     args = parse_args(argv)
     import torch
 
@@ -353,8 +357,6 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
                         if traces_path is not None:
                             _append_trace(traces_path, key, done[key])
                 for peer in args.peer:
-                    from fleettune_dev.bench.peers import PEERS
-
                     key = _trace_key(replay.name, peer, seed, args.budget, {})
                     if key not in done:
                         done[key] = PEERS[peer](replay, seed, args.budget)

@@ -116,20 +116,24 @@ class FleetPrior:
         return f"{pool}: starts from {len(self.observations)} results of the fleet in its space: {named}"
 
 
+def is_peer(q: Pool, pool: Pool) -> bool:
+    """Whether ``q`` is another target's pool of ``pool``'s problem size."""
+    return q.spec.name != pool.spec.name and q.problem_size == pool.problem_size
+
+
 def peers_of(pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord]) -> list[tuple[str, list[TrialRecord]]]:
     """The run's other targets' pools of ``pool``'s problem size, with their current round's
     observations (the same kernel, measured now on other GPUs)."""
     return [(q.key, seen) for q in pools
-            if q.spec.name != pool.spec.name and q.problem_size == pool.problem_size
-            and (seen := [r for r in q.records(records) if r.is_observation])]
+            if is_peer(q, pool) and (seen := [r for r in q.records(records) if r.is_observation])]
 
 
 def outgrown(pools: Sequence[Pool], records: Iterable[TrialRecord]) -> list[Pool]:
     """The unfinished pools with a study whose prior the other pools of its size have
     outgrown (`refresh_due`): each pool's observations counted once."""
     seen = {q.key: sum(r.is_observation for r in q.records(records)) for q in pools}
-    return [p for p in pools if p.study is not None and not p.done and refresh_due(p.peer_records, sum(
-        seen[q.key] for q in pools if q.spec.name != p.spec.name and q.problem_size == p.problem_size))]
+    return [p for p in pools if p.study is not None and not p.done and refresh_due(
+        p.peer_records, sum(seen[q.key] for q in pools if is_peer(q, p)))]
 
 
 def refresh_due(built_from: int, now: int) -> bool:
