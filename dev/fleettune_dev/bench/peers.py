@@ -13,15 +13,25 @@ measured still spends its budget.
 Parzen estimator per parameter), each parameter an integer over the indices of its values,
 so that ordered values stay ordered. A failure, or a configuration outside the space, is
 worse than any time: TPE splits its good and bad trials by rank, so no scale is invented.
+
+``kernel-tuner-genetic-algorithm``, ``kernel-tuner-bayes-opt``: Kernel Tuner's own strategies
+with their defaults, run by Kernel Tuner itself in its simulation mode on the recording (the
+space restricted to the replay's configurations), scored on the configurations it evaluates,
+in its order. A strategy that ends before the budget (Kernel Tuner stops one that has
+converged) spends the rest on uniformly random new configurations, as a stuck TPE does.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
+from fleettune_dev.bench.kerneltuner import KernelTunerCache
 from fleettune_dev.bench.replay import Replay
 from fleettune_dev.bench.strategy import RunTrace
 
@@ -67,4 +77,37 @@ def run_tpe(replay: Replay, seed: int, budget: int) -> RunTrace:
     return RunTrace(best=best, invalid=invalid, suggest_ms=[])
 
 
-PEERS: dict[str, Callable[[Replay, int, int], RunTrace]] = {"optuna-tpe": run_tpe}
+_KT_CACHES: dict[Path, KernelTunerCache] = {}
+_KT_DIR: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def run_kernel_tuner(strategy: str, replay: Replay, seed: int, budget: int) -> RunTrace:
+    if replay.path is None:
+        raise ValueError(f"{replay.name}: Kernel Tuner replays the recording's file, and this replay has none")
+    names = list(replay.space.names)
+    if replay.path not in _KT_CACHES:
+        if not _KT_DIR:
+            _KT_DIR.append(tempfile.TemporaryDirectory(prefix="fleettune-kt-"))
+        _KT_CACHES[replay.path] = KernelTunerCache(replay.path, names, Path(_KT_DIR[0].name))
+    values = [p.values for p in replay.space.parameters]
+    index = {tuple(values[j][int(v)] for j, v in enumerate(row)): i for i, row in enumerate(replay.rows)}
+    budget = min(budget, len(replay.rows))
+    order: list[int] = []
+    for r in _KT_CACHES[replay.path].tune(strategy, seed, budget, space=index):
+        c = index[tuple(r[k] for k in names)]
+        if c not in order:
+            order.append(c)
+    order = order[:budget]
+    if len(order) < budget:
+        rest = np.setdiff1d(np.arange(len(replay.rows)), order)
+        order += np.random.default_rng(seed).choice(rest, budget - len(order), replace=False).tolist()
+    t = replay.time_ms[order]
+    best = np.minimum.accumulate(np.where(np.isfinite(t), t, np.inf))
+    return RunTrace(best=best, invalid=int(np.sum(~np.isfinite(t))), suggest_ms=[])
+
+
+PEERS: dict[str, Callable[[Replay, int, int], RunTrace]] = {
+    "optuna-tpe": run_tpe,
+    "kernel-tuner-genetic-algorithm": partial(run_kernel_tuner, "genetic_algorithm"),
+    "kernel-tuner-bayes-opt": partial(run_kernel_tuner, "bayes_opt"),
+}

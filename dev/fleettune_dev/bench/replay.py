@@ -34,6 +34,7 @@ class Replay:
     time_ms: np.ndarray  # (N,) nan where the configuration failed
     failure: list[str | None]
     times: list[list[float]]
+    path: Path | None = None  # the recording it was read from (another tool replays the file)
     optimum: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -59,6 +60,7 @@ def load_replay(path: str | Path, where: Sequence[str] = ()) -> Replay:
         time_ms=time_ms,
         failure=[r.failure for r in rec.records],
         times=[list(r.times or []) for r in rec.records],
+        path=Path(path),
     )
     return restrict(replay, where) if where else replay
 
@@ -89,7 +91,7 @@ def restrict(replay: Replay, where: Sequence[str]) -> Replay:
     idx = np.flatnonzero(keep)
     return Replay(name=f"{stem}[{','.join(w.replace(' ', '') for w in where)}]-{rest}", space=replay.space,
                   rows=replay.rows[idx], time_ms=replay.time_ms[idx], failure=[replay.failure[i] for i in idx],
-                  times=[replay.times[i] for i in idx])
+                  times=[replay.times[i] for i in idx], path=replay.path)
 
 
 def _value(text: str, values: Sequence[Any]) -> Any:

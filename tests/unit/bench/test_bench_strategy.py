@@ -100,19 +100,22 @@ def test_a_variant_of_a_tuning_knob_reaches_the_study_through_the_development_ho
     assert seen[1] != seen[0] and json.loads(out.read_text())["variant"]["options"] == {"initial": 3, "rank_every": 0}
 
 
-def test_a_peer_measures_each_configuration_of_the_space_once(tmp_path: Path) -> None:
-    from fleettune_dev.bench.peers import run_tpe
+@pytest.mark.parametrize("peer", ["optuna-tpe", "kernel-tuner-genetic-algorithm", "kernel-tuner-bayes-opt"])
+def test_a_peer_measures_each_configuration_of_the_space_once(tmp_path: Path, peer: str) -> None:
+    from fleettune_dev.bench.peers import PEERS
     from fleettune_dev.bench.replay import load_replay, restrict
 
-    # A subspace: TPE proposes configurations outside it, which cost it nothing.
+    run = PEERS[peer]
+    # A subspace: a peer's proposals outside it cost it nothing, and Kernel Tuner's own
+    # search space is restricted to it.
     replay = restrict(load_replay(write_cache(tmp_path / "toy-A.json.gz", 4)), ["tile>=2"])
     n, failures = len(replay.rows), int(np.isnan(replay.time_ms).sum())
-    every = run_tpe(replay, seed=0, budget=n + 5)
+    every = run(replay, 0, n + 5)
     assert len(every.best) == n and every.invalid == failures and every.best[-1] == replay.optimum
     assert (np.diff(every.best[np.isfinite(every.best)]) <= 0).all()
-    first = run_tpe(replay, seed=1, budget=12)
-    assert np.array_equal(first.best, run_tpe(replay, seed=1, budget=12).best)
-    assert any(not np.array_equal(first.best, run_tpe(replay, seed=s, budget=12).best) for s in (2, 3, 4))
+    first = run(replay, 1, 12)
+    assert np.array_equal(first.best, run(replay, 1, 12).best)
+    assert any(not np.array_equal(first.best, run(replay, s, 12).best) for s in (2, 3, 4, 5, 6))
 
 
 def test_the_command_compares_the_strategy_with_a_peer_on_the_same_seeds(tmp_path: Path, capsys) -> None:

@@ -427,7 +427,7 @@ RECORDING = DEFAULT_SPACES / "pnpoly-RTX_3090.json.gz"
 def test_kernel_tuner_mode_replays_its_own_order(tmp_path) -> None:
     pytest.importorskip("kernel_tuner", reason="Kernel Tuner is a dev extra")
     ts = load_timed_space(RECORDING)
-    kt = KernelTunerCache(ts, tmp_path)
+    kt = KernelTunerCache(RECORDING, ts.keys, tmp_path)
     run = run_kernel_tuner(ts, "random_sample", 5, 25, kt)
     assert len(run.order) == len(set(run.order.tolist())) == 25
     recorded = ts.compile_s + ts.verify_s + ts.bench_s + ts.framework_s

@@ -29,6 +29,7 @@ the targets.
 
 from __future__ import annotations
 
+from fleettune_dev.bench.kerneltuner import KernelTunerCache
 from fleettune_dev.bench.timeline.cli import DEFAULT_MODES, DEFAULT_SPACES, default_caches, main, parse_args
 from fleettune_dev.bench.timeline.fleet import (
     PodRun,
@@ -39,7 +40,7 @@ from fleettune_dev.bench.timeline.fleet import (
     simulate_fleet,
     startup_draws,
 )
-from fleettune_dev.bench.timeline.kerneltuner import KernelTunerCache, run_kernel_tuner
+from fleettune_dev.bench.timeline.kerneltuner import run_kernel_tuner
 from fleettune_dev.bench.timeline.model import (
     FLEET_MODES,
     KT_PREFIX,

@@ -5,41 +5,12 @@ clock as the simulated fleet (one GPU, one configuration at a time).
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import io
-import json
 import math
-import random
-import warnings
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from fleettune_dev.bench.kerneltuner import KernelTunerCache
 from fleettune_dev.bench.timeline.model import KT_PREFIX, Run, TimedSpace
-
-
-class KernelTunerCache:
-    """The decompressed copy of a cache that Kernel Tuner reads (it wants a ``.json``
-    path) and the restriction that makes its search space the recorded one."""
-
-    def __init__(self, ts: TimedSpace, directory: Path) -> None:
-        if ts.path is None:
-            raise ValueError("Kernel Tuner needs the cache file")
-        raw = ts.path.read_bytes()
-        text = gzip.decompress(raw).decode() if raw[:2] == b"\x1f\x8b" else raw.decode()
-        self.data = json.loads(text)
-        self.path = directory / (ts.name.split(".")[0] + ".json")
-        self.path.write_text(text)
-        keys = list(self.data.get("tune_params_keys") or self.data["tune_params"])
-        if keys != ts.keys:
-            raise ValueError(f"{ts.name}: parameter order differs from the parsed space")
-        # Every recorded key, failures included: the files hold exactly the restricted
-        # space, and a configuration that failed still costs Kernel Tuner its compile
-        # (kernel_tuner.util.infer_restrictions_from_cache would drop failures and let
-        # Kernel Tuner skip them for free).
-        self.valid = {tuple(e[k] for k in keys) for e in self.data["cache"].values()}
 
 
 def run_kernel_tuner(
@@ -57,30 +28,9 @@ def run_kernel_tuner(
     configuration the first time Kernel Tuner evaluates it (a repeat is served from its
     cache for free), plus the strategy time Kernel Tuner measured between evaluations (as
     our suggestion latency counts for us); one GPU, nothing overlapped. Kernel Tuner's
-    ``seed`` argument is unused in 1.5, its strategies draw from the global ``random`` and
-    ``numpy.random`` generators: both are seeded.
+    ``seed`` seeds its strategy (see `KernelTunerCache.tune`).
     """
-    from constraint import FunctionConstraint
-    from kernel_tuner import tune_kernel
-
-    data = kt_cache.data
-    valid = kt_cache.valid
-
-    def recorded(*values: Any) -> bool:
-        return values in valid
-
-    size = data["problem_size"]
-    problem_size = tuple(size) if isinstance(size, list) else (size,)
-    random.seed(seed)
-    np.random.seed(seed)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        results, _ = tune_kernel(
-            data["kernel_name"], "/* replayed from the cache */", problem_size, [],
-            {k: data["tune_params"][k] for k in ts.keys},
-            restrictions=[FunctionConstraint(recorded)], cache=str(kt_cache.path), simulation_mode=True,
-            strategy=strategy, strategy_options={"max_fevals": budget}, quiet=True,
-        )
+    results = kt_cache.tune(strategy, seed, budget)
     replay = ts.replay
     target = None if stop_at is None else replay.optimum / stop_at
     seen: set[int] = set()

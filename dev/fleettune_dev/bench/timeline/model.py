@@ -117,6 +117,7 @@ def load_timed_space(path: str | Path) -> TimedSpace:
         time_ms=np.array([np.nan if r.time_ms is None else float(r.time_ms) for r in rec.records]),
         failure=[r.failure for r in rec.records],
         times=[list(r.times or []) for r in rec.records],
+        path=Path(path),
     )
     costs = {k: _seconds(rec.records, k) for k in ("compile_time", "verification_time", "benchmark_time",
                                                     "framework_time")}

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from fleettune_dev.bench.kerneltuner import KernelTunerCache
 from fleettune_dev.bench.timeline.fleet import simulate_fleet
-from fleettune_dev.bench.timeline.kerneltuner import KernelTunerCache, run_kernel_tuner
+from fleettune_dev.bench.timeline.kerneltuner import run_kernel_tuner
 from fleettune_dev.bench.timeline.model import FLEET_MODES, KT_PREFIX, FleetModel, Run, TimedSpace, load_timed_space
 
 
@@ -67,7 +68,7 @@ def execute(job: Job) -> tuple[str, Run, float]:
         if job.path not in _KT:
             if not _TMP:
                 _TMP.append(tempfile.TemporaryDirectory(prefix="fleettune-kt-"))
-            _KT[job.path] = KernelTunerCache(ts, Path(_TMP[0].name))
+            _KT[job.path] = KernelTunerCache(Path(job.path), ts.keys, Path(_TMP[0].name))
         run = run_kernel_tuner(ts, job.mode[len(KT_PREFIX):], job.seed, job.budget, _KT[job.path],
                                stop_at=job.stop_at)
     return job.key(), run, time.perf_counter() - t0
