@@ -155,8 +155,9 @@ class KernelSpec(Model):
     problem_size: ProblemSizeSpec | None = Field(default=None, description="Problem size, e.g. [4096, 4096].")
     problem_sizes: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
-        description="Several problem sizes, each tuned on every target (one after another, each warm-started "
-        "from the sizes before it); budget.trialsPerTarget applies per size.",
+        description="Several problem sizes, each tuned on every target, side by side (a target's "
+        "budget.parallelism shared among them, each learning from the others' results); budget.trialsPerTarget "
+        "applies per size.",
     )
     default_config: dict[str, Any] | None = Field(
         default=None,

@@ -57,8 +57,9 @@ PriorKind = Literal["Pool", "Run"]
 class PriorSource(Model):
     """Results a pool's search starts from: another pool of the run, or an earlier run of the same kernel."""
 
-    kind: PriorKind = Field(description="Pool: another target's pool of this run at the same problem "
-                                         "size, as it measures; Run: an earlier run of the same kernel.")
+    kind: PriorKind = Field(description="Pool: another pool of this run, as it measures (another target at "
+                                         "the same problem size, or this target at another size); Run: an earlier "
+                                         "run of the same kernel.")
     name: str = Field(description="The pool, or the run (namespace/name when in another namespace).")
     results: int = Field(description="Its results that fall in this pool's search space.")
 
@@ -152,8 +153,8 @@ class TargetStatus(TrialCounts):
     message: str = Field(default="", description="What the pool is doing or waiting for, or why it failed.")
     learned_from: list[PriorSource] = Field(
         default_factory=list, max_length=8,
-        description="What the pool's search starts from: the run's other pools of its size (refreshed as they "
-        "measure) and earlier runs of the same kernel, most results first.",
+        description="What the pool's search starts from: the run's other pools of its size and its target's "
+        "other sizes (refreshed as they measure) and earlier runs of the same kernel, most results first.",
     )
     prior_weight: float | None = Field(
         default=None, description="How much the pool's model uses the results it starts from now, 0 to 1 (earned "

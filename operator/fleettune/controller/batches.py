@@ -1,8 +1,9 @@
 """How many trial Pods a pool starts in a step, and how many trials each Pod takes (pure).
 
 The planner (`fleettune.controller.planner`) asks, in this order: `pods_at_once` (the
-pool's parallelism, capped by its GPUs), `free_slots` (the new Pods it may start now), and
-`batch_sizes` (the trials per new Pod). The numbers come from `fleettune.optimize.batching`;
+target's parallelism, capped by its GPUs), `share_pods` (that among the target's problem
+sizes), `free_slots` (the new Pods a pool may start now), and `batch_sizes` (the trials per
+new Pod). The numbers come from `fleettune.optimize.batching`;
 this module applies them to a pool's spec, records and running Jobs.
 """
 
@@ -29,6 +30,19 @@ def pods_at_once(parallelism: int, capacity: tuple[int, int] | None, gpus_per_po
         gpus, pods = capacity
         return max(pods, 1), capacity_note(parallelism, gpus, gpus_per_pod, pods)
     return parallelism, None
+
+
+def share_pods(at_once: int, pools: Sequence[tuple[str, int, int]]) -> dict[str, int]:
+    """The Pods each of a target's tuning sizes may run at once, ``pools`` being (key, Jobs
+    running, results): ``at_once`` in all, each free slot to the size that runs the fewest,
+    then has the fewest results, so that the sizes advance together and none waits for
+    another to finish. A size keeps what it runs (Jobs are never stopped to make room)."""
+    shares = {key: running for key, running, _ in pools}
+    results = {key: n for key, _, n in pools}
+    for _ in range(at_once - sum(shares.values())):
+        key = min(shares, key=lambda k: (shares[k], results[k]))
+        shares[key] += 1
+    return shares
 
 
 def free_slots(at_once: int, running: Sequence[ObservedJob], nodes_missing: bool, queued: bool) -> int:

@@ -1,6 +1,6 @@
 """The fleet as one learner (pure): every pool's search starts from what the run's other
-pools measure at its problem size, refreshed as their results arrive, and from what
-earlier runs of the same kernel measured (the fleet's memory; the shell reads their
+pools measure at its problem size and its target measures at the other sizes, refreshed as
+their results arrive, and from what earlier runs of the same kernel measured (the fleet's memory; the shell reads their
 stores, `fleettune.store.MemoryReader`).
 
 A kernel's identity (`kernel_id`) is its code and its interface, not its search space: a
@@ -34,7 +34,7 @@ from fleettune.space.devices import normalise_product
 # first, then earlier runs' of the pool's own GPU, then the newest).
 MAX_OBSERVATIONS = 2000
 # A run re-reads the memory for a pool that builds its search later than this after the
-# last read (a later size, a new round): runs may have finished meanwhile.
+# last read (a new round, a pool whose nodes came later): runs may have finished meanwhile.
 REFRESH_S = 300.0
 # The status and the event name this many sources per pool (the event says how many in all).
 MAX_NAMED = 8
@@ -87,10 +87,13 @@ class FleetMemory:
             return True
         return building and mono - self.read_at >= REFRESH_S
 
-    def prior(self, pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord], namespace: str) -> FleetPrior:
-        """``pool``'s prior from the run's other ``pools`` (their ``records``) and the earlier runs."""
+    def prior(self, pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord], namespace: str,
+              fleet: bool) -> FleetPrior:
+        """``pool``'s prior from the run's other ``pools`` (their ``records``) and, with the
+        fleet's memory on (``fleet``), the earlier runs."""
         assert pool.space is not None
-        return fleet_prior(pool, peers_of(pool, pools, records), self.runs, namespace, in_space(pool.space))
+        return fleet_prior(pool, peers_of(pool, pools, records, fleet), self.runs if fleet else [], namespace,
+                           in_space(pool.space))
 
     def accept(self, kernel: str, runs: Sequence[StoredRun], problems: Sequence[str], mono: float) -> list[str]:
         """The stores as just read; returns the problems not said before."""
@@ -116,24 +119,29 @@ class FleetPrior:
         return f"{pool}: starts from {len(self.observations)} results of the fleet in its space: {named}"
 
 
-def is_peer(q: Pool, pool: Pool) -> bool:
-    """Whether ``q`` is another target's pool of ``pool``'s problem size."""
-    return q.spec.name != pool.spec.name and q.problem_size == pool.problem_size
+def is_peer(q: Pool, pool: Pool, fleet: bool) -> bool:
+    """Whether ``q`` informs ``pool`` while both tune: its target's other problem sizes (the
+    same GPUs; always), and with the fleet's memory on (``fleet``) another target's pool of
+    its size."""
+    if q.spec.name == pool.spec.name:
+        return q.key != pool.key
+    return fleet and q.problem_size == pool.problem_size
 
 
-def peers_of(pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord]) -> list[tuple[str, list[TrialRecord]]]:
-    """The run's other targets' pools of ``pool``'s problem size, with their current round's
-    observations (the same kernel, measured now on other GPUs)."""
+def peers_of(pool: Pool, pools: Iterable[Pool], records: Iterable[TrialRecord],
+             fleet: bool) -> list[tuple[str, list[TrialRecord]]]:
+    """The pools that inform ``pool`` (`is_peer`), with their current round's observations
+    (the same kernel, measured now on other GPUs or at other sizes)."""
     return [(q.key, seen) for q in pools
-            if is_peer(q, pool) and (seen := [r for r in q.records(records) if r.is_observation])]
+            if is_peer(q, pool, fleet) and (seen := [r for r in q.records(records) if r.is_observation])]
 
 
-def outgrown(pools: Sequence[Pool], records: Iterable[TrialRecord]) -> list[Pool]:
-    """The unfinished pools with a study whose prior the other pools of its size have
-    outgrown (`refresh_due`): each pool's observations counted once."""
+def outgrown(pools: Sequence[Pool], records: Iterable[TrialRecord], fleet: bool) -> list[Pool]:
+    """The unfinished pools with a study whose prior the pools that inform it have outgrown
+    (`refresh_due`): each pool's observations counted once."""
     seen = {q.key: sum(r.is_observation for r in q.records(records)) for q in pools}
     return [p for p in pools if p.study is not None and not p.done and refresh_due(
-        p.peer_records, sum(seen[q.key] for q in pools if is_peer(q, p)))]
+        p.peer_records, sum(seen[q.key] for q in pools if is_peer(q, p, fleet)))]
 
 
 def refresh_due(built_from: int, now: int) -> bool:

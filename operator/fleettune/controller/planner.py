@@ -41,7 +41,7 @@ from fleettune.controller.priors import WarmStarts
 from fleettune.controller.reporting import Event, Report, Reporter
 from fleettune.controller.source import KernelSource
 from fleettune.controller.spec import SpecError, check_options, checked_spec, retune_key, space_hash
-from fleettune.controller.trials import StepContext, advance, back_in_queue, pool_queue
+from fleettune.controller.trials import StepContext, advance, back_in_queue, pod_shares, pool_queue
 from fleettune.fingerprint import describe_change, is_stale
 from fleettune.kernelcheck import KernelSpecError, compile_check
 from fleettune.labels import RETUNE_ANNOTATION
@@ -142,15 +142,13 @@ class Planner:
         self.fleet.views.clear()  # node selectors may have changed
         wanted: list[str] = []
         for i, target in enumerate(spec.targets):
-            keys = [pool_key(target.name, size, len(sizes) > 1) for size in sizes]
-            for j, (key, size) in enumerate(zip(keys, sizes, strict=True)):
+            for j, size in enumerate(sizes):
+                key = pool_key(target.name, size, len(sizes) > 1)
                 wanted.append(key)
                 pool = self.pools.get(key)
                 if pool is None:
-                    pool = self.pools[key] = Pool(
-                        spec=target, seed=spec.strategy.seed + 7919 * i + 613 * j, key=key,
-                        problem_size=size, after=tuple(keys[:j]),
-                    )
+                    pool = self.pools[key] = Pool(spec=target, seed=spec.strategy.seed + 7919 * i + 613 * j, key=key,
+                                                  problem_size=size)
                     pool.restore(self.restored.get(key), records)
                 else:
                     pool.spec = target
@@ -356,9 +354,10 @@ class Planner:
                           source_digest=self.source.digest, policy=self.policy, node_wait_s=self.node_wait_s,
                           fleet=self.fleet, log=self.log, events=self.events, capacity_notes=self.capacity_notes,
                           predictions=self.reporter.gpu_predictions)
+        shares = pod_shares(run, list(self.pools.values()), running)
         for pool in self.pools.values():
             if pool.study is not None and not pool.done and not waiting:
-                advance(run, pool, running.setdefault(pool.key, []), records, early, obs.wall, plan)
+                advance(run, pool, running.setdefault(pool.key, []), records, early, obs.wall, plan, shares[pool.key])
         queues = {key: pool_queue(self.spec, pool, self.policy) for key, pool in self.pools.items()}
         report = self.reporter.report(self.spec, self.pools, running, records, obs.mono, obs.wall, queues)
         if self.capacity_notes:
@@ -380,9 +379,6 @@ class Planner:
                 continue
             if pool.done and pool.space is not None:
                 continue  # its study went when it finished (see `plan`); the space serves predictions
-            if pool.study is None and (waiting := self._earlier_sizes_running(pool)):
-                pool.move(PoolPhase.PENDING, f"waiting for {waiting} to finish (warm start)")
-                continue
             if pool.study is None:
                 try:
                     self._setup_pool(pool, obs)
@@ -394,10 +390,6 @@ class Planner:
                     self.log.exception("%s: cannot build its search", pool.key)
                     pool.move(PoolPhase.FAILED, f"cannot build the search space: {exc}"[:500])
         return None
-
-    def _earlier_sizes_running(self, pool: Pool) -> str | None:
-        """The first of the target's earlier sizes that has not finished, if any."""
-        return next((key for key in pool.after if (p := self.pools.get(key)) is not None and not p.done), None)
 
     def _setup_pool(self, pool: Pool, obs: Observed) -> None:
         """Search space for the pool's device and a Study warm-started from older rounds."""
@@ -414,29 +406,25 @@ class Planner:
         if (given := self.warm.for_target(pool.spec.name)) and pool.study is not None:
             self.events.append(("Normal", "WarmStart", f"{pool.key}: {pool.study.n_prior} earlier results in its "
                                 f"space, of them up to {sum(map(len, given))} from spec.warmStart"))
-        if fleet is not None and fleet.sources:
+        if fleet.sources:
             self.events.append(("Normal", "WarmStart", fleet.summary(pool.key)))
         if pool.round_started is None:
-            # A later size's round began with the target's first size: one deadline for all.
-            earlier = [p.round_started for k in pool.after if (p := self.pools.get(k)) and p.round_started]
-            pool.round_started = min(earlier, default=None) or obs.wall
+            pool.round_started = obs.wall
         if pool.phase in (PoolPhase.PENDING, PoolPhase.UNSCHEDULABLE):
             pool.move(PoolPhase.RUNNING, pool.message if pool.nodes_missing_since is not None else "")
 
-    def _make_study(self, pool: Pool, records: Sequence[TrialRecord]) -> FleetPrior | None:
-        """The pool's study, its prior from the older rounds and sizes, spec.warmStart and the
-        fleet (`controller.memory`)."""
+    def _make_study(self, pool: Pool, records: Sequence[TrialRecord]) -> FleetPrior:
+        """The pool's study, its prior from its older rounds, spec.warmStart, its target's
+        other sizes and the fleet (`controller.memory`)."""
         assert self.spec is not None
-        fleet = self.memory.prior(pool, self.pools.values(), records, self.namespace) \
-            if self.spec.fleet_memory.enabled else None
-        given = self.warm.for_target(pool.spec.name)
-        make_study(self.spec, pool, records, given, fleet.observations if fleet else ())
-        pool.learned_from, pool.peer_records = (fleet.sources, fleet.peer_records) if fleet else ([], 0)
+        fleet = self.memory.prior(pool, self.pools.values(), records, self.namespace, self.spec.fleet_memory.enabled)
+        make_study(self.spec, pool, records, self.warm.for_target(pool.spec.name), fleet.observations)
+        pool.learned_from, pool.peer_records = fleet.sources, fleet.peer_records
         return fleet
 
     def _feed_studies(self, records: Sequence[TrialRecord]) -> None:
-        if self.spec is not None and self.spec.fleet_memory.enabled:
-            for pool in outgrown(list(self.pools.values()), records):
+        if self.spec is not None:
+            for pool in outgrown(list(self.pools.values()), records, self.spec.fleet_memory.enabled):
                 self._make_study(pool, records)  # the other pools measured more: its own records are fed again
         for pool in self.pools.values():
             if pool.study is None:

@@ -1,9 +1,10 @@
 """One target pool's search state, and the pure decisions about it.
 
 A run that tunes several problem sizes has one Pool per (target, size), keyed
-``target.size``: the sizes of a target tune one after another, each warm-started from
-the results of the sizes before it (the landscape of a kernel moves little with the
-problem size, and its compile and resource failures not at all).
+``target.size``: the sizes of a target tune side by side, sharing the target's Pods,
+each with the others' results as its prior as they arrive (`controller.memory`: the
+landscape of a kernel moves little with the problem size, and its compile and resource
+failures not at all).
 
 A pool tunes in *rounds*. Round 1 starts with the run; a new round starts when the
 pool's GPU fingerprint changes (driver upgrade, with `retunePolicy: OnDriverChange`),
@@ -48,7 +49,6 @@ class Pool:
     seed: int
     key: str = ""  # the records' and Jobs' target label: spec.name, or spec.name.<size>
     problem_size: tuple[int, ...] = ()
-    after: tuple[str, ...] = ()  # keys of the same target's sizes that tune first
     phase: PoolPhase = PoolPhase.PENDING
     message: str = ""
     device: str = ""
@@ -162,19 +162,16 @@ Observation = tuple[dict[str, Any], Outcome, float | None]  # (config, outcome, 
 
 def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
                      external: Sequence[Sequence[Observation]] = ()) -> list[Observation]:
-    """Observations that exist in the pool's current space from its own older rounds, in this
-    round from the sizes of its target that tuned before it, and from `external` groups
-    (results the user already had: `spec.warmStart`).
+    """Observations that exist in the pool's current space from its own older rounds, and
+    from `external` groups (results the user already had: `spec.warmStart`). The other sizes
+    and pools of this round inform it through `controller.memory`.
 
-    Times are divided by the best of their group (size and round, or file): older drivers,
-    other GPUs and other sizes run at other speeds, and only how much slower than the best a
-    configuration is carries over."""
-    earlier = set(pool.after)
+    Times are divided by the best of their group (round, or file): older drivers and other
+    GPUs run at other speeds, and only how much slower than the best a configuration is
+    carries over."""
     groups: dict[tuple[str, int], list[Observation]] = {}
     for rec in records:
-        older_round = rec.target == pool.key and rec.round < pool.round
-        earlier_size = rec.target in earlier and rec.round == pool.round
-        if (older_round or earlier_size) and rec.is_observation:
+        if rec.target == pool.key and rec.round < pool.round and rec.is_observation:
             groups.setdefault((rec.target, rec.round), []).append((rec.config, rec.outcome, rec.objective))
     if pool.space is None:
         return []

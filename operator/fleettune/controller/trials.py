@@ -26,7 +26,7 @@ from typing import Any
 
 from fleettune.admission import TrialPolicy
 from fleettune.api import QueueSpec, TuningRunSpec
-from fleettune.controller.batches import batch_sizes, free_slots, pods_at_once
+from fleettune.controller.batches import batch_sizes, free_slots, pods_at_once, share_pods
 from fleettune.controller.fleet import FleetView
 from fleettune.controller.lifecycle import PoolPhase
 from fleettune.controller.observed import ObservedJob, parse_job
@@ -155,11 +155,29 @@ def confirmation(pool: Pool, mine: Sequence[TrialRecord]) -> str | None:
     return confirmed_message(key, gain, len(others)) if prediction_confirmed(time_of(own), others, gain=gain) else None
 
 
+def pod_shares(run: StepContext, pools: Sequence[Pool], running: Mapping[str, Sequence[ObservedJob]]) -> dict[str, int]:
+    """The Pods each tuning pool may run at once (`pods_at_once`, shared among a target's
+    problem sizes by `share_pods`); the capacity notes go into ``run``."""
+    targets: dict[str, list[Pool]] = {}
+    for pool in pools:
+        if pool.study is not None and not pool.done:
+            targets.setdefault(pool.spec.name, []).append(pool)
+    shares: dict[str, int] = {}
+    for group in targets.values():
+        target = group[0].spec
+        at_once, capped = pods_at_once(run.spec.budget.parallelism, run.fleet.capacity(target), target.gpus)
+        if capped is not None:
+            run.capacity_notes.update({pool.key: capped for pool in group})
+        shares |= share_pods(at_once, [(p.key, len(running.get(p.key, ())), len(p.observed)) for p in group])
+    return shares
+
+
 def advance(run: StepContext, pool: Pool, running: list[ObservedJob], records: Sequence[TrialRecord],
-            early: Container[tuple[str, int]], wall: float, plan: Plan) -> None:
+            early: Container[tuple[str, int]], wall: float, plan: Plan, at_once: int) -> None:
     """Into `plan` and `pool`: the pool's next step (`running`: its running Jobs, which the
-    Jobs it creates join). `early`: the (pool, index) of `records` that running Pods
-    answered in their logs; until stored, they stay in flight for the budget."""
+    Jobs it creates join; ``at_once``: the Pods it may run, `pod_shares`). `early`: the
+    (pool, index) of `records` that running Pods answered in their logs; until stored, they
+    stay in flight for the budget."""
     assert pool.study is not None and pool.space is not None
     budget = run.spec.budget
     mine = pool.records(records)
@@ -182,9 +200,6 @@ def advance(run: StepContext, pool: Pool, running: list[ObservedJob], records: S
         if nodes is not None and not nodes:
             _withdraw(run, pool, running, plan)
         return
-    at_once, capped = pods_at_once(budget.parallelism, run.fleet.capacity(pool.spec), pool.spec.gpus)
-    if capped is not None:
-        run.capacity_notes[pool.key] = capped
     slots = free_slots(at_once, running, pool.nodes_missing_since is not None, run.queue(pool) is not None)
     left = budget.trials_per_target - observations - len(in_flight)
     if slots <= 0 or left <= 0:

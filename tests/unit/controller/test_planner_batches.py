@@ -229,3 +229,13 @@ def test_a_pod_stopped_by_the_deadline_keeps_the_answers_it_printed() -> None:
     plan = f.step()
     assert name in plan.delete_now and f.target()["phase"] == "Succeeded"
     assert sorted(r.index for r in f.records_of() if r.job == name) == sorted(i for i, _ in batch[:3])
+
+
+def test_a_targets_pods_go_to_its_sizes_that_run_fewest_then_have_fewest_results() -> None:
+    from fleettune.controller.batches import share_pods
+
+    assert share_pods(3, [("a", 0, 5), ("b", 0, 2)]) == {"a": 1, "b": 2}
+    assert share_pods(2, [("a", 1, 0), ("b", 0, 9), ("c", 0, 3)]) == {"a": 1, "b": 0, "c": 1}
+    assert share_pods(4, [("only", 1, 0)]) == {"only": 4}  # one size: the target's parallelism
+    # Fewer Pods allowed than run (parallelism lowered): none stopped, none started.
+    assert share_pods(2, [("a", 3, 0), ("b", 0, 0)]) == {"a": 3, "b": 0}

@@ -172,14 +172,43 @@ def test_the_pools_of_a_run_learn_from_each_other_as_they_measure() -> None:
         assert 0 <= f.target(key)["priorWeight"] <= 1
 
 
-def test_pools_of_other_sizes_are_no_peers_and_an_opted_out_run_shares_nothing() -> None:
+def test_a_targets_other_sizes_always_inform_a_pool_other_targets_only_with_the_fleets_memory() -> None:
     f = two_pools(fleetMemory={"enabled": False})
     f.run()
     assert not f.target("a100").get("learnedFrom") and not f.target("rtx").get("learnedFrom")
-    pools = list(f.planner.pools.values())
-    assert [key for key, _ in peers_of(pools[0], pools, f.store.records)] == [pools[1].key]
-    pools[1].problem_size = (1024, 1024)
-    assert peers_of(pools[0], pools, f.store.records) == []
+    a100, rtx = pools = list(f.planner.pools.values())
+    assert [key for key, _ in peers_of(a100, pools, f.store.records, fleet=True)] == [rtx.key]
+    assert peers_of(a100, pools, f.store.records, fleet=False) == []
+    rtx.problem_size = (1024, 1024)  # another target's other size: never
+    assert peers_of(a100, pools, f.store.records, fleet=True) == []
+    rtx.spec = a100.spec  # the same target's other size (the same GPUs): always
+    assert [key for key, _ in peers_of(a100, pools, f.store.records, fleet=False)] == [rtx.key]
+
+
+def test_the_sizes_of_a_target_tune_side_by_side_sharing_its_pods_and_their_results() -> None:
+    kernel = {k: v for k, v in SPEC["kernel"].items() if k != "problemSize"}
+    big, small = "a100.4096x4096", "a100.2048x2048"
+    for parallelism in (2, 1):
+        f = FakeFleet(spec=spec(kernel={**kernel, "problemSizes": [[4096, 4096], [2048, 2048]]},
+                                strategy={"name": "bayes", "seed": 3}, fleetMemory={"enabled": False},
+                                budget={"trialsPerTarget": 10, "parallelism": parallelism}), measure=timed)
+        most, counts = 0, []
+        for _ in range(200):
+            plan = f.step()
+            most = max(most, len(f.running()))
+            counts.append({key: len(f.records_of(key)) for key in (big, small)})
+            if plan.finished:
+                break
+            f.finish()
+            f.advance(10)
+        assert plan.finished and f.target(big)["phase"] == f.target(small)["phase"] == "Succeeded"
+        assert most == parallelism  # the target's Pods, shared: never one per size on top
+        # Side by side: each size had results while the other was still short of its budget ...
+        assert any(c[small] > 0 and c[big] < 10 for c in counts) and any(c[big] > 0 and c[small] < 10 for c in counts)
+        # ... and each learned from the other's results as they arrived (no fleet memory needed).
+        for key, other in ((big, small), (small, big)):
+            learned = {(s["kind"], s["name"]): s["results"] for s in f.target(key)["learnedFrom"]}
+            assert learned[("Pool", other)] >= 4, learned
 
 
 def test_a_restarted_operator_rebuilds_each_pools_shared_prior_from_the_store() -> None:

@@ -1,4 +1,4 @@
-"""Pure decisions of a target pool: the warm-start prior across rounds and problem sizes."""
+"""Pure decisions of a target pool: the warm-start prior across rounds."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[3]
 SPEC = TuningRunSpec.model_validate(yaml.safe_load((ROOT / "examples" / "convolution-fleet.yaml").read_text())["spec"])
 
 
-def _pool(key: str, after: tuple[str, ...] = (), round_: int = 1) -> Pool:
-    pool = Pool(spec=SPEC.targets[0], seed=0, key=key, after=after, round=round_)
+def _pool(key: str, round_: int = 1) -> Pool:
+    pool = Pool(spec=SPEC.targets[0], seed=0, key=key, round=round_)
     build_search(SPEC, pool, "NVIDIA A100-PCIE-40GB", "spec.targets[0]")
     return pool
 
@@ -33,27 +33,19 @@ def test_kernel_sizes_one_or_several():
     assert KernelSpec(builtin="gemm", problem_sizes=[[64, 64], [8, 8]]).sizes() == [(64, 64), (8, 8)]
 
 
-def test_prior_from_earlier_sizes_of_this_round_and_older_rounds_each_relative_to_its_best():
+def test_prior_from_older_rounds_each_relative_to_its_best():
     records = [
-        _rec("a100.4096x4096", 0, 16, 4.0), _rec("a100.4096x4096", 1, 32, 2.0), _rec("a100.4096x4096", 2, 64, None),
-        _rec("a100.4096x4096", 3, 128, 8.0, round_=2),  # the earlier size, round 2
         _rec("a100.2048x2048", 4, 16, 3.0), _rec("a100.2048x2048", 5, 32, 1.5),  # this size, round 1
+        _rec("a100.2048x2048", 8, 64, None),
         _rec("a100.2048x2048", 6, 64, 9.0, round_=2),  # this size, this round: not a prior
-        _rec("rtx.2048x2048", 7, 16, 0.1),  # another target
+        # Another size of this target and another target: `controller.memory` shares them.
+        _rec("a100.4096x4096", 0, 16, 4.0), _rec("rtx.2048x2048", 7, 16, 0.1),
     ]
-    pool = _pool("a100.2048x2048", after=("a100.4096x4096",), round_=2)
-    prior = warm_start_prior(pool, records)
-    got = sorted((c["block_size_x"], o, v) for c, o, v in prior)
-    # Its own round 1 and the earlier size's round 2, each relative to its own best.
-    assert got == [(16, Outcome.OK, pytest.approx(2.0)), (32, Outcome.OK, pytest.approx(1.0)),
-                   (128, Outcome.OK, pytest.approx(1.0))]
-    # Round 1 of the later size: only the earlier size's round 1, failures included.
-    pool = _pool("a100.2048x2048", after=("a100.4096x4096",), round_=1)
-    got = sorted((c["block_size_x"], o, v) for c, o, v in warm_start_prior(pool, records))
+    got = sorted((c["block_size_x"], o, v) for c, o, v in warm_start_prior(_pool("a100.2048x2048", 2), records))
     assert got == [(16, Outcome.OK, pytest.approx(2.0)), (32, Outcome.OK, pytest.approx(1.0)),
                    (64, Outcome.COMPILE_ERROR, None)]
-    # The first size starts cold.
-    assert warm_start_prior(_pool("a100.4096x4096"), records) == []
+    # The first round starts cold.
+    assert warm_start_prior(_pool("a100.2048x2048", 1), records) == []
 
 
 def test_strategy_options_zero_only_where_it_switches_a_behaviour_off():
