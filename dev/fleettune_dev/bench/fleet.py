@@ -22,6 +22,11 @@ three modes, every pool with the same seed and budget (`fleet_run`):
                others following in GPU order, and keeps the one with the least mean
                fleet GPU-seconds over the seeds (evaluations without costs).
 
+And a fourth, ``memory``: a second run of the kernel on each GPU that the first run (the
+independent pools of the other GPUs, their full budget) did not tune, started from the
+first run's results as the fleet's memory gives them (one group per pool, times relative to
+its best), against that GPU's cold run of the same seed.
+
 Per pool: the evaluations (budget + 1 where never: censored) and GPU-seconds (recorded
 verification + benchmark time; null without costs) to 0.95 and 0.99 of its own
 recorded optimum. Per fleet, at 0.95: the rounds until the last pool got there
@@ -45,6 +50,7 @@ from typing import Any
 from fleettune_dev.bench.fleet_run import (
     LEVELS,
     Pool,
+    PriorBuilder,
     fleet_parallel,
     fleet_sequential,
     load_pool,
@@ -52,7 +58,7 @@ from fleettune_dev.bench.fleet_run import (
     pool_figures,
     sequential,
 )
-from fleettune_dev.bench.fleet_summary import family_summary, format_family, pool_rows
+from fleettune_dev.bench.fleet_summary import compare, family_summary, format_family, pool_rows
 from fleettune_dev.bench.replay import family
 from fleettune_dev.bench.strategy import parse_options
 
@@ -74,12 +80,23 @@ def run_family_seed(pools: list[Pool], strategy: str, seed: int, budget: int, ba
                 "fleet": fleet_parallel(pools, traces)}
 
     # Independent pools run their full budget: a pool's run is also the first of a sequential order.
+    seconds: dict[str, float] = {}
     clock = time.perf_counter()
+
+    def lap(mode: str) -> None:
+        nonlocal clock
+        seconds[mode], clock = time.perf_counter() - clock, time.perf_counter()
+
     cold = lockstep(pools, strategy, seed, budget, batch, options=options, ramp=ramp)
-    seconds = {"independent": time.perf_counter() - clock}
+    lap("independent")
     shared = lockstep(pools, strategy, seed, budget, batch, share=True, options=options, ramp=ramp, stop_at=stop)
-    seconds["sharing"] = time.perf_counter() - clock - seconds["independent"]
-    record: dict[str, Any] = {"seed": seed, "independent": view(cold), "sharing": view(shared), "sequential": []}
+    lap("sharing")
+    builder = PriorBuilder(pools)
+    memory = [lockstep([pool], strategy, seed, budget, batch, options=options, ramp=ramp, stop_at=stop, priors=[
+        builder.groups(i, [t.observations for j, t in enumerate(cold) if j != i])])[0] for i, pool in enumerate(pools)]
+    lap("memory")
+    record: dict[str, Any] = {"seed": seed, "independent": view(cold), "sharing": view(shared), "memory": view(memory),
+                              "sequential": []}
     if with_sequential:
         for order in orders(len(pools)):
             traces = sequential(pools, order, strategy, seed, budget, batch, options=options, ramp=ramp,
@@ -88,7 +105,7 @@ def run_family_seed(pools: list[Pool], strategy: str, seed: int, budget: int, ba
                 "order": [names[i] for i in order],
                 "pools": {names[i]: pool_figures(pools[i], traces[i]) for i in order},
                 "fleet": fleet_sequential(pools, traces, order)})
-        seconds["sequential"] = time.perf_counter() - clock - seconds["independent"] - seconds["sharing"]
+        lap("sequential")
     record["replay_seconds"] = {k: round(v, 1) for k, v in seconds.items()}
     return record
 
@@ -177,10 +194,11 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr, flush=True)
         names = [p.name for p in pools]
         sharing, seq, order = family_summary(names, records)
+        second = compare(names, records, "memory", None)
         rows = pool_rows(name, names, records, order)
-        print(format_family(name, names, rows, sharing, seq, args.budget, args.batch), flush=True)
+        print(format_family(name, names, rows, sharing, seq, second, args.budget, args.batch), flush=True)
         print()
-        doc["summary"][name] = sharing
+        doc["summary"][name] = {**sharing, "second_run": second}
         doc["pools"].extend(rows)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2))

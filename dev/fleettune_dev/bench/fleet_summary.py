@@ -4,7 +4,8 @@ A seed's record (`fleettune_dev.bench.fleet.run_family_seed`) holds, per mode, e
 pool's figures (`fleet_run.pool_figures`) and the fleet's (`fleet_run.fleet_parallel`,
 `fleet_sequential`); the sequential mode one such record per order tried. `best_order`
 picks the order, `pool_rows` makes the rows per pool per mode, `family_summary` the
-figures per family (sharing against independent), `format_family` the table. Plain data
+figures per family (sharing against independent; `compare` any mode against it),
+`format_family` the table. Plain data
 in and out: this module runs no study.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("independent", "sharing", "sequential")
+MODES = ("independent", "sharing", "memory", "sequential")
 LEVEL = 0.95
 
 
@@ -51,7 +52,7 @@ def pool_rows(family: str, pools: list[str], records: list[dict[str, Any]], orde
     has no costs), with the fleet's figures of each seed beside them. ``order``: the
     sequential order's index; None: the sequential mode was not run."""
     rows = []
-    for mode in MODES if order is not None else MODES[:2]:
+    for mode in MODES if order is not None else MODES[:-1]:
         views = [mode_view(r, mode, order) for r in records]
         for name in pools:
             figs = [v["pools"][name] for v in views]
@@ -120,13 +121,13 @@ def _cell(row: dict[str, Any], key: str, fmt: str = ".1f") -> str:
 
 
 def format_family(family: str, pools: list[str], rows: list[dict[str, Any]], sharing: dict[str, Any],
-                  seq: dict[str, Any] | None, budget: int, batch: int) -> str:
+                  seq: dict[str, Any] | None, second: dict[str, Any], budget: int, batch: int) -> str:
     by = {(r["mode"], r["pool"]): r for r in rows}
     seeds = len(rows[0]["seeds"])
     nothing = {f"mean_{k}_{level}": None for k in ("evals", "gpu_seconds") for level in (LEVEL, 0.99)}
     order = by[("sequential", pools[0])]["order"] if seq is not None else None
-    head = ["pool", "indep. →0.95", "sharing →0.95", "ratio", "seq. →0.95", "indep. GPU-s", "sharing GPU-s",
-            "seq. GPU-s", "indep. →0.99", "sharing →0.99", "seq. →0.99"]
+    head = ["pool", "indep. →0.95", "sharing →0.95", "ratio", "seq. →0.95", "2nd run →0.95", "indep. GPU-s",
+            "sharing GPU-s", "seq. GPU-s", "indep. →0.99", "sharing →0.99", "seq. →0.99"]
     lines = [f"### {family}: {len(pools)} pools, {seeds} seeds, budget {budget}, batch {batch} "
              f"(evaluations and GPU-seconds to 0.95 of each pool's optimum, mean over seeds; ≥: some seeds censored "
              f"at budget + 1)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -135,11 +136,12 @@ def format_family(family: str, pools: list[str], rows: list[dict[str, Any]], sha
         ratio = _ratio(b[f"mean_evals_{LEVEL}"], a[f"mean_evals_{LEVEL}"])
         lines.append("| " + " | ".join([
             p, _cell(a, f"evals_{LEVEL}"), _cell(b, f"evals_{LEVEL}"), _num(ratio, ".2f"), _cell(c, f"evals_{LEVEL}"),
+            _cell(by[("memory", p)], f"evals_{LEVEL}"),
             _cell(a, f"gpu_seconds_{LEVEL}", ".0f"), _cell(b, f"gpu_seconds_{LEVEL}", ".0f"),
             _cell(c, f"gpu_seconds_{LEVEL}", ".0f"), _num(a["mean_evals_0.99"]), _num(b["mean_evals_0.99"]),
             _num(c["mean_evals_0.99"])]) + " |")
     lines.append("")
-    for mode in MODES if order else MODES[:2]:
+    for mode in ("independent", "sharing", "sequential") if order else ("independent", "sharing"):
         r = by[(mode, pools[0])]
         secs = r["fleet_gpu_seconds"]
         cens = sum(map(bool, r["fleet_censored"]))
@@ -152,6 +154,10 @@ def format_family(family: str, pools: list[str], rows: list[dict[str, Any]], sha
         f"ratio {_num(sharing['fleet_gpu_seconds_ratio'], '.2f')}; worst pool {sharing['worst_pool']} "
         f"({sharing['worst_pool_paired_difference']:+.1f} ± {_num(sharing['worst_pool_standard_error'])} "
         f"evaluations per seed)")
+    lines.append(
+        f"a second run on each GPU from the first run's results on the others (the fleet's memory) / cold: mean "
+        f"evaluations ratio {second['mean_evals_ratio']:.2f}; worst pool {second['worst_pool']} "
+        f"({second['worst_pool_paired_difference']:+.1f} ± {_num(second['worst_pool_standard_error'])})")
     if seq is None or order is None:
         return "\n".join(lines)
     lines.append(

@@ -127,6 +127,16 @@ def test_a_pool_finds_an_optimum_another_measured_within_a_few_evaluations(cache
     assert found <= got + 3 < cold.evals_to(full.replay.optimum, 0.99)
 
 
+def test_a_second_run_starts_from_the_first_runs_results_on_the_other_gpus(caches) -> None:
+    """One landscape at two speeds: the second run on either GPU, from the first run's
+    results on the other, measures the optimum among its first few evaluations."""
+    pools = [load_pool(caches[0]), load_pool(caches[2])]
+    record = run_family_seed(pools, "bayes", 0, 20, with_sequential=False)
+    for name in ("k-A", "k-C"):
+        second, cold = (record[m]["pools"][name]["evals_0.99"] for m in ("memory", "independent"))
+        assert second <= 3 and second < cold, (name, second, cold)
+
+
 def test_counting_per_pool_and_for_the_fleet(caches) -> None:
     pool = load_pool(caches[0])
     ok = [i for i in range(len(pool.replay.rows)) if math.isfinite(pool.replay.time_ms[i])]
@@ -167,11 +177,13 @@ def test_command_json(caches, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     doc = json.loads(out.read_text())
     assert set(doc) == {"summary", "pools"}
     assert set(doc["summary"]) == {"k"}
-    assert set(doc["summary"]["k"]) == {"mean_evals_ratio", "fleet_gpu_seconds_ratio", "worst_pool",
-                                        "worst_pool_paired_difference", "worst_pool_standard_error"}
-    assert len(doc["pools"]) == 9
+    figures = {"mean_evals_ratio", "fleet_gpu_seconds_ratio", "worst_pool", "worst_pool_paired_difference",
+               "worst_pool_standard_error"}
+    assert set(doc["summary"]["k"]) == figures | {"second_run"} and set(doc["summary"]["k"]["second_run"]) == figures
+    assert "a second run on each GPU" in captured.out
+    assert len(doc["pools"]) == 12
     assert {(r["mode"], r["pool"]) for r in doc["pools"]} == {
-        (m, p) for m in ("independent", "sharing", "sequential") for p in ("k-A", "k-B", "k-C")}
+        (m, p) for m in ("independent", "sharing", "memory", "sequential") for p in ("k-A", "k-B", "k-C")}
     row = doc["pools"][0]
     assert row["seeds"] == [0, 1] and len(row["evals_0.95"]) == 2 and "mean_gpu_seconds_0.95" in row
     assert main(["--cache", *map(str, caches[:2]), "--seeds", "1", "--budget", "3", "--strategy", "random",
