@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fleettune.commands.report", "per-pool table of a run; --html/--png: a report with its figure"),
     "predict": ("fleettune.commands.predict", "recommend a configuration for a problem size that was never tuned"),
     "export": ("fleettune.commands.export", "a run's results as a Kernel Tuner cache or T4 results file"),
+    "check": ("fleettune.check", "the operator's checks of TuningRun files before any Job, offline (CI, GitOps)"),
     "crd": ("fleettune.crd", "print the TuningRun CustomResourceDefinition generated from the models"),
 }
 DEV_PACKAGE = "fleettune_dev"

@@ -24,7 +24,7 @@ def test_every_command_names_a_module_with_a_main():
 
 def test_the_user_commands_are_unchanged():
     assert set(cli.COMMANDS) | set(cli.DEV_COMMANDS) == {
-        "cluster", "operator", "simulate", "demo", "report", "predict", "export", "crd", "bench"}
+        "cluster", "operator", "simulate", "demo", "report", "predict", "export", "check", "crd", "bench"}
     assert all(module.startswith("fleettune_dev.") for module, _ in cli.DEV_COMMANDS.values())
     assert not any(module.startswith("fleettune_dev") for module, _ in cli.COMMANDS.values())
 
