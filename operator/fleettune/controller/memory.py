@@ -1,7 +1,7 @@
 """The fleet as one learner (pure): every pool's search starts from what the run's other
 pools measure at its problem size and its target measures at the other sizes, refreshed as
-their results arrive, and from what earlier runs of the same kernel measured (the fleet's memory; the shell reads their
-stores, `fleettune.store.MemoryReader`).
+their results arrive, and from what earlier runs of the same kernel measured (the fleet's
+memory; the shell reads their stores, `fleettune.store.MemoryReader`).
 
 A kernel's identity (`kernel_id`) is its code and its interface, not its search space: a
 built-in's name and the digest of the CUDA code the job image ships for it, or a user
