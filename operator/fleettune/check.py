@@ -110,10 +110,10 @@ def gpu_of(target: TargetSpec) -> str | None:
 
 
 def _target_problems(spec: TuningRunSpec, i: int, source: str | None) -> Iterator[Finding]:
+    from fleettune.controller.fleet import compute_capability
     from fleettune.controller.pool import Pool, build_search
     from fleettune.controller.spec import SpecError
     from fleettune.kernelcheck import compile_check
-    from fleettune.space import SpaceError, lookup_device
 
     target = spec.targets[i]
     product = gpu_of(target)
@@ -130,10 +130,7 @@ def _target_problems(spec: TuningRunSpec, i: int, source: str | None) -> Iterato
         return
     if source is None:
         return
-    try:
-        cc = lookup_device(product).cc
-    except SpaceError:  # a GPU the catalog does not know: compiled as the operator would
-        cc = None
+    cc = compute_capability(pool)  # None for a GPU the catalog does not know: compiled as the operator would
     for size in spec.kernel.sizes():
         problem = compile_check(spec, source, cc, size)
         if problem is not None:
