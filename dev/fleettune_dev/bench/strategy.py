@@ -28,6 +28,7 @@ from fleettune_dev.bench.replay import (
     load_replay,
     random_expectation,
     restrict,
+    scramble,
 )
 from fleettune_dev.bench.strategy_latency import latency_report
 from fleettune_dev.bench.strategy_tables import (
@@ -218,6 +219,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--where", action="append", default=[],
                    help="replay only the configurations with NAME=V1,V2 / NAME>=V / NAME<=V (repeatable): "
                         "a subspace as a user's constraints would leave it, e.g. one where more of it fails")
+    p.add_argument("--scramble", action="store_true",
+                   help="relabel each parameter's values in a fixed random order (after --where): a space whose "
+                        "structure the model cannot see, where no strategy should be behind random sampling")
     p.add_argument("--strategy", default="bayes")
     p.add_argument("--seeds", type=int, default=30)
     p.add_argument("--first-seed", type=int, default=0)
@@ -330,6 +334,8 @@ def main(argv: list[str], loader: Callable[[str], Replay] = load_replay) -> int:
     replays = [loader(path) for path in args.cache]
     if args.where:
         replays = [restrict(r, args.where) for r in replays]
+    if args.scramble:
+        replays = [scramble(r) for r in replays]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     traces_path = Path(args.traces) if args.traces else None
     done = _load_traces(traces_path)

@@ -128,3 +128,23 @@ def test_the_command_compares_the_strategy_with_a_peer_on_the_same_seeds(tmp_pat
     assert toy["family"] == "toy" and toy["seeds"] == 2
     with pytest.raises(SystemExit):
         main(["--cache", str(a), "--peer", "optuna-tpe", "--variant", "initial=3"])
+
+
+def test_a_scrambled_space_keeps_every_measurement_under_relabelled_values(tmp_path: Path) -> None:
+    from fleettune_dev.bench.replay import load_replay, random_expectation, scramble
+
+    replay = load_replay(write_cache(tmp_path / "toy-A.json.gz", 4))
+    mixed = scramble(replay)
+    assert mixed.name == "toy~scrambled-A.json.gz" and family(mixed.name) == "toy~scrambled"
+    # Each parameter's values are a permutation of its own (on this full product of values,
+    # the same set of rows), every row keeping its time and failure under its new label...
+    assert sorted(map(tuple, mixed.rows)) == sorted(map(tuple, replay.rows))
+    for column in range(replay.rows.shape[1]):
+        relabel = dict(zip(replay.rows[:, column], mixed.rows[:, column], strict=True))
+        assert all(relabel[a] == b for a, b in zip(replay.rows[:, column], mixed.rows[:, column], strict=True))
+        assert len(set(relabel.values())) == len(relabel)
+    assert np.array_equal(mixed.time_ms, replay.time_ms, equal_nan=True) and mixed.failure == replay.failure
+    # ...which is what random sampling cannot tell apart, while some neighbour moved.
+    assert np.allclose(random_expectation(mixed, 10), random_expectation(replay, 10))
+    assert not np.array_equal(mixed.rows, replay.rows)
+    assert np.array_equal(scramble(replay).rows, mixed.rows)
