@@ -119,6 +119,17 @@ def pick(tables: Mapping[str, Table]) -> Pick:
                 f"{everywhere}; one a GPU did not measure counts at its median)")
 
 
+def ranked(groups: Sequence[Observed]) -> list[dict[str, Any]]:
+    """Every configuration the rule can choose from ``groups`` (one per other GPU), the
+    rule's choice first: by consensus of two or more groups with a valid result, else one
+    group's fastest first; empty where none has one. What a warm start measures first."""
+    tables = {f"{i:05d}": t for i, group in enumerate(groups) if (t := Table.of(group)).times}
+    if not tables:
+        return []
+    chosen = pick(tables)
+    return [chosen.configs[key] for key in chosen.ranked]
+
+
 def leave_one_out(tables: Mapping[str, Table]) -> tuple[float, float, float, int] | None:
     """(mean, lowest, highest) fraction of the left-out GPU's optimum that the rule on the
     others reaches — 0 where the pick failed there; a left-out GPU that never measured the

@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,15 @@ from fleettune_job.protocol import Outcome
 LEVELS = (0.95, 0.99)
 
 Observation = tuple[dict[str, Any], Outcome, float | None]
+
+
+class Prior(NamedTuple):
+    """A study's warm-start data as the operator hands it over: the observations (times
+    relative to their group's best) and the configurations measured first
+    (`controller.memory.first_picks`)."""
+
+    observations: list[Observation]
+    first: list[dict[str, Any]]
 
 
 @dataclass
@@ -143,8 +152,11 @@ class PriorBuilder:
         self.pools = pools
         self._valid: dict[tuple[int, tuple[Any, ...]], bool] = {}
 
-    def groups(self, receiver: int, sources: Sequence[Sequence[Observation]]) -> list[Observation]:
-        """``sources``: one group of observations per other pool."""
+    def groups(self, receiver: int, sources: Sequence[Sequence[Observation]], *, finished: bool = True) -> Prior:
+        """``sources``: one group of observations per other pool (each another GPU);
+        ``finished``: as an earlier run's, which may make a consensus to measure first
+        (`controller.memory.first_picks`), not a pool still tuning."""
+        from fleettune.controller.memory import first_picks
         from fleettune.controller.pool import relative_prior
         from fleettune.space.errors import SpaceError
 
@@ -160,9 +172,11 @@ class PriorBuilder:
                     self._valid[key] = False
             return self._valid[key]
 
-        return relative_prior(sources, valid)
+        kept = [relative_prior([group], valid) for group in sources]
+        first = first_picks([], [group for group in kept if group]) if finished else []
+        return Prior([o for group in kept for o in group], first)
 
-    def shared(self, receiver: int, traces: Sequence[PoolTrace], before: int) -> list[Observation]:
+    def shared(self, receiver: int, traces: Sequence[PoolTrace], before: int) -> Prior:
         """Every other pool's results of the rounds before ``before``."""
         sources = []
         for j, tr in enumerate(traces):
@@ -171,12 +185,12 @@ class PriorBuilder:
             n = sum(1 for r in tr.rounds if r < before)  # rounds are non-decreasing
             if n:
                 sources.append(tr.observations[:n])
-        return self.groups(receiver, sources)
+        return self.groups(receiver, sources, finished=False)
 
 
 def lockstep(
     pools: Sequence[Pool], strategy: str, seed: int, budget: int, batch: int = 1, *, share: bool = False,
-    priors: Sequence[Sequence[Observation]] | None = None, options: dict[str, Any] | None = None,
+    priors: Sequence[Prior] | None = None, options: dict[str, Any] | None = None,
     ramp: bool = True, stop_at: float | None = None,
 ) -> list[PoolTrace]:
     """Replay ``pools`` in lockstep rounds (see the module's doc), each up to ``budget``
@@ -191,11 +205,12 @@ def lockstep(
     from fleettune.optimize.batching import slow_start
 
     settings = split_settings(strategy, options)
-    fixed = [list(p) for p in priors] if priors is not None else [[] for _ in pools]
+    fixed = list(priors) if priors is not None else [Prior([], []) for _ in pools]
 
-    def build(i: int, prior: Sequence[Observation]) -> Any:
+    def build(i: int, prior: Prior) -> Any:
         r = pools[i].replay
-        return Study(r.space, strategy=strategy, seed=seed, candidates=r.rows, prior=prior, **settings)
+        return Study(r.space, strategy=strategy, seed=seed, candidates=r.rows, prior=prior.observations,
+                     prior_first=prior.first, **settings)
 
     # The cold studies also keep each pool's candidate set alive, so that the rebuilt ones share it.
     studies = [build(i, fixed[i]) for i in range(len(pools))]
@@ -214,7 +229,9 @@ def lockstep(
                 continue
             others = sum(len(t.cand) for j, t in enumerate(traces) if j != i)
             if share and rnd > 0 and refresh_due(built_from[i], others):
-                studies[i] = build(i, fixed[i] + builder.shared(i, traces, rnd))
+                shared = builder.shared(i, traces, rnd)
+                prior = Prior(fixed[i].observations + shared.observations, shared.first or fixed[i].first)
+                studies[i] = build(i, prior)
                 built_from[i] = others
                 for (config, outcome, value), c in zip(tr.observations, tr.cand, strict=True):
                     studies[i].observe(config, outcome, value, pool.replay.times[c] if value is not None else ())

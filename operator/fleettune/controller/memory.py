@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleettune.api import PriorKind, TuningRunSpec
-from fleettune.controller.pool import Observation, Pool, in_space, relative_prior
+from fleettune.controller.pool import Observation, Pool, best_of, in_space, relative_prior
+from fleettune.fleetprediction import MIN_CONFIDENCE, ranked
 from fleettune.results import StoredRun, TrialRecord
 from fleettune.space.devices import normalise_product
+from fleettune_job.protocol import Outcome
 
 # A warm study fits its prior model to every prior observation (cubic in their number):
 # the fleet's groups beyond this many observations are left out (the run's other pools
@@ -111,6 +113,7 @@ class FleetPrior:
     observations: list[Observation]
     sources: list[tuple[PriorKind, str, int]]  # (kind "Pool" or "Run", name, results in the pool's space), most first
     peer_records: int  # the other pools' records it was built from (`outgrown`)
+    first: list[dict[str, Any]] = field(default_factory=list)  # what the pool measures first (`first_picks`)
 
     def summary(self, pool: str) -> str:
         named = ", ".join(f"{kind.lower()} {name} ({n})" for kind, name, n in self.sources[:MAX_NAMED])
@@ -175,6 +178,8 @@ def fleet_prior(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]], runs
     ordered += [("Run", labels[uid], records) for (uid, *_), records in ranked]
     observations: list[Observation] = []
     counts: dict[tuple[PriorKind, str], int] = {}
+    own_groups: list[list[Observation]] = []
+    other_groups: list[list[Observation]] = []
     for kind, name, records in ordered:
         if observations and len(observations) + len(records) > MAX_OBSERVATIONS:
             continue
@@ -182,5 +187,25 @@ def fleet_prior(pool: Pool, peers: Sequence[tuple[str, list[TrialRecord]]], runs
         if kept:
             observations += kept
             counts[kind, name] = counts.get((kind, name), 0) + len(kept)
+            if not other_gpu(records):
+                own_groups.append(kept)
+            elif kind == "Run":  # a pool still tuning has not yet measured what is fast on it
+                other_groups.append(kept)
     sources = sorted(((kind, name, n) for (kind, name), n in counts.items()), key=lambda s: (-s[2], s[0], s[1]))
-    return FleetPrior(observations, sources, sum(len(records) for _, records in peers))
+    return FleetPrior(observations, sources, sum(len(records) for _, records in peers),
+                      first_picks(own_groups, other_groups))
+
+
+def first_picks(own: Sequence[Sequence[Observation]], other: Sequence[Sequence[Observation]]) -> list[dict[str, Any]]:
+    """What a warm start measures first when earlier runs on three or more other GPUs
+    inform it (``other``, one group each): the best of each group of the pool's own GPU
+    (``own``: another size, an earlier run), then the other GPUs' consensus
+    (`fleetprediction.ranked`) instead of each of their bests, which is often fast on that
+    GPU only. Empty (the prior's fastest first) with fewer; the measurements behind the
+    rule are in docs/decisions.md."""
+    if len(other) < MIN_CONFIDENCE:
+        return []
+    bests = [best for group in own if (best := best_of(group)) is not None]
+    consensus = ranked([[(config, objective if outcome == Outcome.OK else None) for config, outcome, objective in g]
+                        for g in other])
+    return [*bests, *consensus]

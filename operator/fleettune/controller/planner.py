@@ -418,7 +418,7 @@ class Planner:
         other sizes and the fleet (`controller.memory`)."""
         assert self.spec is not None
         fleet = self.memory.prior(pool, self.pools.values(), records, self.namespace, self.spec.fleet_memory.enabled)
-        make_study(self.spec, pool, records, self.warm.for_target(pool.spec.name), fleet.observations)
+        make_study(self.spec, pool, records, self.warm.for_target(pool.spec.name), fleet.observations, fleet.first)
         pool.learned_from, pool.peer_records = fleet.sources, fleet.peer_records
         return fleet
 

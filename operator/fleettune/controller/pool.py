@@ -169,13 +169,24 @@ def warm_start_prior(pool: Pool, records: Iterable[TrialRecord],
     Times are divided by the best of their group (round, or file): older drivers and other
     GPUs run at other speeds, and only how much slower than the best a configuration is
     carries over."""
-    groups: dict[tuple[str, int], list[Observation]] = {}
-    for rec in records:
-        if rec.target == pool.key and rec.round < pool.round and rec.is_observation:
-            groups.setdefault((rec.target, rec.round), []).append((rec.config, rec.outcome, rec.objective))
     if pool.space is None:
         return []
-    return relative_prior([*groups.values(), *external], in_space(pool.space))
+    return relative_prior([*older_rounds(pool, records), *external], in_space(pool.space))
+
+
+def older_rounds(pool: Pool, records: Iterable[TrialRecord]) -> list[list[Observation]]:
+    """The pool's observations of each of its older rounds, oldest round first."""
+    groups: dict[int, list[Observation]] = {}
+    for rec in records:
+        if rec.target == pool.key and rec.round < pool.round and rec.is_observation:
+            groups.setdefault(rec.round, []).append((rec.config, rec.outcome, rec.objective))
+    return [groups[r] for r in sorted(groups)]
+
+
+def best_of(group: Sequence[Observation]) -> dict[str, Any] | None:
+    """The fastest configuration of ``group`` (None where none ran)."""
+    ran = [(objective, i) for i, (_, outcome, objective) in enumerate(group) if outcome == Outcome.OK and objective]
+    return group[min(ran)[1]][0] if ran else None
 
 
 def in_space(space: SearchSpace) -> Callable[[dict[str, Any]], bool]:
@@ -204,15 +215,20 @@ def relative_prior(groups: Iterable[Sequence[Observation]], valid: Callable[[dic
 
 
 def make_study(spec: TuningRunSpec, pool: Pool, records: Iterable[TrialRecord],
-               external: Sequence[Sequence[Observation]] = (), relative: Sequence[Observation] = ()) -> None:
+               external: Sequence[Sequence[Observation]] = (), relative: Sequence[Observation] = (),
+               first: Sequence[dict[str, Any]] = ()) -> None:
     """The pool's Study, warm-started from `warm_start_prior` and ``relative`` (observations
-    already in the pool's space, times relative to their group's best: `controller.memory`)."""
+    already in the pool's space, times relative to their group's best: `controller.memory`),
+    measuring ``first`` first (`memory.first_picks`), after its own older rounds' bests."""
     from fleettune.optimize import Study
 
     assert pool.space is not None, "build_search first"
     prior = [*warm_start_prior(pool, records, external), *relative]
+    if first:  # the pool's own GPU first: its older rounds' bests, the newest first
+        bests = [best for group in reversed(older_rounds(pool, records)) if (best := best_of(group)) is not None]
+        first = [*bests, *first]
     pool.study = Study(
         pool.space, strategy=spec.strategy.name, seed=pool.seed + 104_729 * (pool.round - 1),
-        options=spec.strategy.options, prior=prior,
+        options=spec.strategy.options, prior=prior, prior_first=first,
     )
     pool.observed = set()

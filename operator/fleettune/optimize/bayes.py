@@ -226,6 +226,9 @@ class BayesOpt(Strategy):
             more = np.concatenate([more, cold_picks])
         return np.concatenate([first, more])
 
+    def order_prior(self, first: np.ndarray) -> None:
+        self.warm.first = first
+
     def prior_misleads(self, history: History) -> bool:
         """Whether the warm-start data are dropped (see `WarmStart.misleads`)."""
         return self.warm.misleads(history)

@@ -71,6 +71,11 @@ class Strategy(ABC):
             if self._fit_depth == 0:
                 self.fit_seconds = (self.fit_seconds or 0.0) + time.perf_counter() - start
 
+    def order_prior(self, first: np.ndarray) -> None:
+        """Candidates of the warm-start data to measure first, in this order (`Study`'s
+        ``prior_first``); a strategy without a warm start ignores them."""
+        return None
+
     def prior_dropped_after(self, history: History) -> int | None:
         """Evaluations without improvement after which the strategy stopped using the
         warm-start data (task 0) of ``history``; None while it uses them, or if it never

@@ -81,11 +81,16 @@ class Study:
         prior: Iterable[PriorObservation] = (),
         options: Mapping[str, Any] | None = None,
         *,
+        prior_first: Sequence[Mapping[str, Any]] = (),
         tuning: Mapping[str, Any] | None = None,
     ) -> None:
         """``options``: the strategy's (a TuningRun's ``spec.strategy.options``).
-        ``tuning``: its internal knobs (`Strategy.Tuning`), a development hook for
-        benchmarks and tests; the operator never passes it."""
+        ``prior_first``: configurations of ``prior`` that a warm start measures first, in
+        this order (the operator's: the consensus of earlier runs on other GPUs,
+        `controller.memory.first_picks`); after them, and by default, the prior's fastest
+        first (times relative to their group's best). ``tuning``: its internal knobs
+        (`Strategy.Tuning`), a development hook for benchmarks and tests; the operator never
+        passes it."""
         factory = strategy_class(strategy)  # UnknownStrategyError
         self.space = space
         self.strategy_name = strategy
@@ -94,6 +99,8 @@ class Study:
             candidates = self._default_candidates(space, self.seed)
         self.candidates = shared_candidates(space, np.asarray(candidates))
         self.strategy = factory(self.candidates, self.seed, options, tuning)  # OptionError
+        if prior_first:
+            self.strategy.order_prior(self._candidates_of(prior_first))
         # Wall time the strategy spent fitting its models during the last `suggest`
         # (hyperparameters when a refit is due, and conditioning the models on the data;
         # not scoring the candidates); None when it fitted nothing (random, genetic, the
@@ -113,6 +120,18 @@ class Study:
                 log.debug("skipping prior observation %r: %s", config, exc)
                 continue
             self.n_prior += 1
+
+    def _candidates_of(self, configs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """The candidate numbers of ``configs``, in order, those of another space left out."""
+        out: list[int] = []
+        for config in configs:
+            try:
+                row = np.asarray(self.space.to_rows([dict(config)]), dtype=np.int32).reshape(1, -1)
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+            if (cand := int(self.candidates.lookup(row)[0])) >= 0:
+                out.append(cand)
+        return np.asarray(out, dtype=np.int64)
 
     @staticmethod
     def _default_candidates(space: SearchSpace, seed: int) -> np.ndarray:

@@ -108,6 +108,7 @@ class WarmStart:
         self._paths: tuple[np.ndarray, np.ndarray] | None = None  # code-path keys, path of each candidate
         self._plateau: tuple[int, np.ndarray] | None = None  # prior size, candidates on the prior's plateau
         self._weights: dict[tuple[int, int], float] = {}
+        self.first = np.zeros(0, dtype=np.int64)  # candidates to measure first (`BayesOpt.order_prior`)
 
     # -- the residual model -------------------------------------------------------------
 
@@ -266,9 +267,14 @@ class WarmStart:
         return np.array(out, dtype=np.int64)
 
     def _prior_order(self, history: History) -> np.ndarray:
-        """The candidates the prior ran, fastest first."""
+        """The candidates the prior ran: ``first`` (those of them it ran) in their order,
+        then the others fastest first."""
         prior = np.flatnonzero((history.task == 0) & history.feasible & (history.cand >= 0))
-        return history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
+        order = history.cand[prior[np.argsort(history.value[prior], kind="stable")]]
+        if len(self.first) == 0:
+            return order
+        first = self.first[np.isin(self.first, order)]
+        return np.concatenate([first, order[~np.isin(order, first)]])
 
     def plateau(self, history: History) -> np.ndarray | None:
         """The candidates the prior GP predicts within `PLATEAU_LEVEL` of its best, when

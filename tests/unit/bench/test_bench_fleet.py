@@ -107,7 +107,8 @@ def test_sharing_passes_the_other_pools_results_of_earlier_rounds(caches, monkey
         obs = traces[j].observations[:5]
         best = min(v for _, o, v in obs if o == Outcome.OK)
         expected += [(c, o, v / best if v else v) for c, o, v in obs]
-    assert prior == expected
+    # Two other GPUs: no consensus to measure first (`controller.memory.first_picks`).
+    assert prior.observations == expected and prior.first == []
 
 
 def test_a_pool_finds_an_optimum_another_measured_within_a_few_evaluations(caches) -> None:

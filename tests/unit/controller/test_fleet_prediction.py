@@ -265,3 +265,13 @@ def test_a_configuration_outside_the_pools_own_constraints_is_not_recommended() 
     (pred,) = _gpus(reporter)
     assert pred["target"] == "jetson" and pred["config"] == {"x": 2}
     assert "1 better one(s) failed here or are invalid on this GPU" in pred["basis"]
+
+
+def test_ranked_puts_the_consensus_first_and_every_configuration_the_rule_could_choose_after() -> None:
+    from fleettune.fleetprediction import ranked
+
+    assert ranked(list(THREE.values())) == [Q, P, R]  # the consensus of all three, as in THREE's comment
+    assert ranked([THREE["a"]]) == [P, Q, R]  # one GPU: its fastest first
+    failed_on_b = [THREE["a"], [(P, None), (Q, 1.0)]]
+    assert ranked(failed_on_b) == [Q, R]  # a configuration that failed anywhere is never chosen
+    assert ranked([[(P, None)], []]) == []

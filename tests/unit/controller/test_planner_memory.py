@@ -132,6 +132,30 @@ def test_the_prior_takes_the_pools_own_gpu_first_then_the_newest_up_to_its_cap(m
     assert "and" not in use.summary("a100")
 
 
+def test_earlier_runs_on_three_other_gpus_are_measured_first_by_their_consensus_after_the_pools_own_gpu() -> None:
+    pool = _pool()
+    # Three other GPUs: a and c fastest at the first configuration, b there 6 times slower;
+    # the fourth runs within 1.3 of the best on all three.
+    a = _records("rtx", "NVIDIA GeForce RTX 3090", 100.0, 6, 1.0)
+    b = _records("w6600", "AMD Radeon PRO W6600", 100.0, 6, 1.0)
+    c = _records("w7800", "AMD Radeon PRO W7800", 100.0, 6, 1.0)
+    for rec, slow_down in zip(b, [6.0, 5.0, 1.2, 1.0, 4.0, 3.0], strict=True):
+        rec.objective = slow_down
+    a[3].objective = c[3].objective = 1.3
+    runs = [StoredRun("ns", name, name, False, records) for name, records in (("a", a), ("b", b), ("c", c))]
+    first = fleet_prior(pool, [], runs, "ns", in_space(pool.space)).first
+    # mean log slow-down: the fourth (2 log 1.3 + 0) / 3 = 0.17 beats the first (0 + log 6 + 0) / 3.
+    assert first[0] == a[3].config and {repr(x) for x in first} == {repr(r.config) for r in a}
+    # An earlier run on the pool's own GPU: its best comes first.
+    own = StoredRun("ns", "old", "u1", False, _records("a100", "NVIDIA A100-PCIE-40GB", 50.0, 6, 2.0))
+    first = fleet_prior(pool, [], [*runs, own], "ns", in_space(pool.space)).first
+    assert first[0] == own.records[0].config and first[1] == a[3].config
+    # Two other GPUs, or pools of the run still tuning: the prior's fastest first, as for any warm start.
+    assert fleet_prior(pool, [], [*runs[:2], own], "ns", in_space(pool.space)).first == []
+    peers = [(name, records) for name, records in (("rtx", a), ("w6600", b), ("w7800", c))]
+    assert fleet_prior(pool, peers, [], "ns", in_space(pool.space)).first == []
+
+
 def test_the_event_names_a_bounded_number_of_sources() -> None:
     use = memory.FleetPrior([], [("Run", f"r-{i}", 1) for i in range(memory.MAX_NAMED + 3)], 0)
     assert use.summary("a100").endswith(f"run r-{memory.MAX_NAMED - 1} (1) and 3 more")

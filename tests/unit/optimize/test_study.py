@@ -637,3 +637,18 @@ def test_model_fit_time_is_measured_when_the_strategy_fits(space, monkeypatch):
         other = Study(space, strategy=strategy, seed=0)
         feed(other, 25)
         assert other.last_fit_seconds is None
+
+
+def test_a_warm_start_measures_prior_first_in_its_order_before_the_priors_fastest(space) -> None:
+    configs = space.to_configs(space.enumerate())
+    rng = np.random.default_rng(4)
+    sample = [c for c in (configs[i] for i in rng.choice(len(configs), 40, replace=False)) if not hidden_infeasible(c)]
+    prior = [(c, Outcome.OK, objective(c)) for c in sample]
+    by_time = sorted(sample, key=objective)
+    plain = Study(space, seed=0, prior=prior, tuning=FAST).suggest(2)
+    assert plain == by_time[:2]  # the prior's fastest first
+    unknown = {**by_time[0], "bx": 3}  # not a value of the space: skipped, as is one the prior never ran
+    never_ran = next(c for c in configs if c not in sample and not hidden_infeasible(c))
+    chosen = [unknown, by_time[-1], never_ran, by_time[-2]]
+    ordered = Study(space, seed=0, prior=prior, prior_first=chosen, tuning=FAST)
+    assert ordered.suggest(3) == [by_time[-1], by_time[-2], by_time[0]]
