@@ -126,12 +126,16 @@ class Study:
         out: list[int] = []
         for config in configs:
             try:
-                row = np.asarray(self.space.to_rows([dict(config)]), dtype=np.int32).reshape(1, -1)
+                row = self._row(config)
             except (ValueError, KeyError, IndexError, TypeError):
                 continue
             if (cand := int(self.candidates.lookup(row)[0])) >= 0:
                 out.append(cand)
         return np.asarray(out, dtype=np.int64)
+
+    def _row(self, config: Mapping[str, Any]) -> np.ndarray:
+        """The index row (1 x d) of ``config``; raises where it is not of this space."""
+        return np.asarray(self.space.to_rows([dict(config)]), dtype=np.int32).reshape(1, -1)
 
     @staticmethod
     def _default_candidates(space: SearchSpace, seed: int) -> np.ndarray:
@@ -155,7 +159,7 @@ class Study:
             value, noise = float(objective), log_noise(float(objective), times)
         else:
             value, noise = math.nan, 0.0
-        row = np.asarray(self.space.to_rows([config]), dtype=np.int32).reshape(1, -1)
+        row = self._row(config)
         cand = int(self.candidates.lookup(row)[0])
         if cand >= 0:
             x, xf = self.candidates.x[cand], self.candidates.xf[cand]
