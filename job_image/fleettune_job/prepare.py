@@ -108,6 +108,11 @@ class PreparedUser:
 
 def prepare(trial: Trial) -> Prepared | PreparedUser:
     ref = trial.kernel
+    if ref.language == "triton":
+        # Checked, compiled and simulated before any Job; measuring one needs Triton's launcher
+        # in this image, which it does not carry yet.
+        raise TrialSpecError("this job image runs built-in kernels and CUDA source; it cannot measure a Triton "
+                             "kernel")
     if ref.arguments is not None:
         if ref.builtin:
             raise TrialSpecError("kernel.arguments declare a user kernel's own interface: kernel.builtin must be unset")

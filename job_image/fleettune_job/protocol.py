@@ -123,6 +123,8 @@ class KernelRef(_Strict):
     function: str | None = None
     grid: list[str] | None = None
     block: list[str] | None = None
+    # The source's language: CUDA C (compiled with NVRTC) or a Triton module (its compiler).
+    language: Literal["cuda", "triton"] = "cuda"
     arguments: list[Argument] | None = None
     verification: Verification | None = None
     # SHA-256 of the source the operator checked: the ConfigMap is mounted live, and a trial

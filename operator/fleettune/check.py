@@ -9,7 +9,8 @@ selectors, the trial policy (the chart's defaults; the operator's environment va
 ``FLEETTUNE_ALLOWED_IMAGES`` and the others the chart sets, check against another), the
 strategy's options, each target's search space on its GPU (constraints with the device's
 limits, the default configuration in it), the `spec.warmStart` files, and a CUDA source
-compiled with NVRTC for each target's GPU architecture. A target's GPU is its `device`, else
+compiled with NVRTC (a Triton source: read without running it, and compiled with Triton's
+compiler) for each target's GPU architecture. A target's GPU is its `device`, else
 the product label of its node selector (``nvidia.com/gpu.product``, or
 ``fleettune.dev/gpu.product`` on Jetson nodes). A target with neither (nodes selected by a
 pool label) is known only to the operator, from its nodes: its search space and its compile
@@ -77,7 +78,7 @@ def problems(run: Manifest, config_maps: Mapping[tuple[str, str], Mapping[str, s
     ``config_maps``: the data of the files' ConfigMaps by (namespace, name)."""
     from fleettune.controller.priors import WarmStartMissing, read_sources
     from fleettune.controller.spec import SpecError, check_options, checked_spec
-    from fleettune.kernelcheck import KernelSpecError, check_source_data
+    from fleettune.kernelcheck import KernelSpecError, check_source_data, check_triton_source
 
     try:
         spec = checked_spec(run.body.get("spec") or {}, policy)
@@ -92,12 +93,18 @@ def problems(run: Manifest, config_maps: Mapping[tuple[str, str], Mapping[str, s
         except (WarmStartMissing, ValueError) as exc:
             yield Finding(f"{exc} (in the given files)" if isinstance(exc, WarmStartMissing) else str(exc))
     source: str | None = None
-    if spec.kernel.source is not None:
+    if spec.kernel.user is not None:
         try:
-            source = check_source_data(spec, config_maps.get((run.namespace, spec.kernel.source.config_map)))
+            source = check_source_data(spec, config_maps.get((run.namespace, spec.kernel.user.config_map)))
         except KernelSpecError as exc:
             yield Finding(str(exc).replace("in the run's namespace",
                                            f"in namespace {run.namespace!r} of the given files"))
+    if source is not None and spec.kernel.triton is not None:
+        try:
+            check_triton_source(spec, source)
+        except KernelSpecError as exc:
+            yield Finding(str(exc))
+            source = None  # nothing to compile
     for i in range(len(spec.targets)):
         yield from _target_problems(spec, i, source)
 
@@ -142,8 +149,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fleettune check",
         description="Run the operator's checks of a TuningRun before any Job, offline: schema, expressions, "
-        "constraints on each target's GPU, warm-start files, and CUDA source compiled for each target's "
-        "architecture. No cluster, no GPU.",
+        "constraints on each target's GPU, warm-start files, and CUDA or Triton source compiled for each "
+        "target's architecture. No cluster, no GPU.",
     )
     parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
                         help="YAML file of TuningRuns and the ConfigMaps they name (repeatable; -: standard input)")

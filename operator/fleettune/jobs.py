@@ -80,7 +80,7 @@ def kernel_ref(spec: TuningRunSpec, source_digest: str | None = None) -> dict[st
     arguments and verification (data keys resolved to their mounted files), and the digest
     of the source the operator checked."""
     kernel = spec.kernel
-    source = kernel.source
+    source = kernel.user
     if source is None:
         return {"builtin": kernel.builtin}
     arguments = []
@@ -95,7 +95,8 @@ def kernel_ref(spec: TuningRunSpec, source_digest: str | None = None) -> dict[st
         "source_sha256": source_digest,
         "function": source.function,
         "grid": source.grid,
-        "block": source.block,
+        "block": kernel.source.block if kernel.source is not None else None,
+        "language": "triton" if kernel.triton is not None else "cuda",
         "arguments": arguments,
         # Unset tolerances take the job protocol's defaults (one home for them).
         "verification": {"reference_config": kernel.default_config or {}}
@@ -278,8 +279,8 @@ def render_job(
     tmpl = spec.job_template
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
-    if spec.kernel.source is not None:
-        volumes.append({"name": "kernel", "configMap": {"name": spec.kernel.source.config_map}})
+    if spec.kernel.user is not None:
+        volumes.append({"name": "kernel", "configMap": {"name": spec.kernel.user.config_map}})
         mounts.append({"name": "kernel", "mountPath": KERNEL_DIR, "readOnly": True})
     gpus = str(target.gpus)
     pod_spec: dict[str, Any] = {

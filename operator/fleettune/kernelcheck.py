@@ -40,22 +40,27 @@ def check_kernel(spec: TuningRunSpec) -> None:
             raise KernelSpecError(f"spec.kernel.builtin: unknown built-in kernel {kernel.builtin!r} "
                                   f"(known: {', '.join(sorted(BUILTINS))})")
         return
-    source = kernel.source
+    source = kernel.user
     assert source is not None
-    check_defines(spec)
+    prefix = user_field(spec)
+    if kernel.triton is not None:
+        check_launch_options(spec)
+    else:
+        check_defines(spec)
     config = _numeric(kernel.default_config or {})
+    shapes = [("grid", source.grid)] + ([("block", kernel.source.block)] if kernel.source is not None else [])
     for size in kernel.sizes():
         where = f" for problem size {list(size)}" if len(kernel.sizes()) > 1 else ""
-        for what, exprs in (("grid", source.grid), ("block", source.block)):
+        for what, exprs in shapes:
             try:
                 dims = geometry(exprs, config, size, what)
             except ExpressionError as exc:
-                raise KernelSpecError(f"spec.kernel.source.{what}: {exc}{where}") from None
+                raise KernelSpecError(f"{prefix}.{what}: {exc}{where}") from None
             if min(dims) < 1:
-                raise KernelSpecError(f"spec.kernel.source.{what}: {list(dims)} with kernel.defaultConfig{where}: "
+                raise KernelSpecError(f"{prefix}.{what}: {list(dims)} with kernel.defaultConfig{where}: "
                                       "every dimension must be at least 1")
         for i, arg in enumerate(source.arguments):
-            field = f"spec.kernel.source.arguments[{i}]"
+            field = f"{prefix}.arguments[{i}]"
             if arg.kind == "array" and arg.length is not None:
                 try:
                     n = evaluate(arg.length, {}, size)
@@ -69,6 +74,64 @@ def check_kernel(spec: TuningRunSpec) -> None:
                     evaluate(arg.value, config, size)
                 except ExpressionError as exc:
                     raise KernelSpecError(f"{field}.value: {exc}{where}") from None
+
+
+def user_field(spec: TuningRunSpec) -> str:
+    """The field path of the run's user source."""
+    return "spec.kernel.triton" if spec.kernel.triton is not None else "spec.kernel.source"
+
+
+def check_launch_options(spec: TuningRunSpec) -> None:
+    """Triton's launch options, where the spec tunes or sets them, must be integers it accepts."""
+    from fleettune_job.tritonsource import LAUNCH_OPTIONS
+
+    least = {"num_stages": 0, "maxnreg": 16}
+    values = [(f"spec.parameters[{i}].values", p.name, list(p.values or [])) for i, p in enumerate(spec.parameters)]
+    values += [(f"spec.kernel.defaultConfig.{k}", k, [v]) for k, v in (spec.kernel.default_config or {}).items()]
+    for field, name, given in values:
+        if name not in LAUNCH_OPTIONS:
+            continue
+        for value in given:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= least.get(name, 1)
+            if ok and name == "num_warps":
+                ok = value & (value - 1) == 0
+            if not ok:
+                rule = "a power of two" if name == "num_warps" else f"an integer of at least {least.get(name, 1)}"
+                raise KernelSpecError(f"{field}: {name} = {value!r}: Triton's {name} is {rule}")
+
+
+def check_triton_source(spec: TuningRunSpec, text: str) -> None:
+    """The Triton module, read without running it: the function and the reference exist,
+    take the spec's arguments in order, and every tuned name is one of its meta-parameters or
+    a launch option; a meta-parameter without a default needs a value."""
+    from fleettune_job.tritonsource import LAUNCH_OPTIONS, TritonSourceError, signature
+
+    triton = spec.kernel.triton
+    assert triton is not None
+    names = [a.name for a in triton.arguments]
+    functions = [("function", triton.function)]
+    if triton.verification.reference_function:
+        functions.append(("verification.referenceFunction", triton.verification.reference_function))
+    for field, function in functions:
+        try:
+            sig = signature(text, function)
+        except TritonSourceError as exc:
+            raise KernelSpecError(f"spec.kernel.triton.{field}: {exc}") from None
+        if list(sig.arguments) != names:
+            raise KernelSpecError(f"spec.kernel.triton.arguments: {function} takes ({', '.join(sig.arguments)}) "
+                                  f"before its meta-parameters; the spec gives ({', '.join(names)})")
+        if field != "function":
+            continue
+        for i, param in enumerate(spec.parameters):
+            if param.name not in sig.meta and param.name not in LAUNCH_OPTIONS:
+                known = ", ".join([*sig.meta, *LAUNCH_OPTIONS])
+                raise KernelSpecError(f"spec.parameters[{i}].name: {param.name!r} is neither a tl.constexpr "
+                                      f"parameter of {function} nor a launch option (known: {known})")
+        given = {p.name for p in spec.parameters} | set(spec.kernel.default_config or {})
+        missing = [m for m, has_default in sig.meta.items() if not has_default and m not in given]
+        if missing:
+            raise KernelSpecError(f"spec.kernel.defaultConfig: meta-parameter {missing[0]!r} of {function} has no "
+                                  "default: tune it in spec.parameters or give it in kernel.defaultConfig")
 
 
 def check_defines(spec: TuningRunSpec) -> None:
@@ -105,17 +168,18 @@ def check_defines(spec: TuningRunSpec) -> None:
 
 def check_source_data(spec: TuningRunSpec, data: Mapping[str, str] | None) -> str:
     """The source text from its ConfigMap's data (None: the ConfigMap does not exist)."""
-    source = spec.kernel.source
+    source = spec.kernel.user
     assert source is not None
+    prefix = user_field(spec)
     if data is None:
-        raise KernelSpecError(f"spec.kernel.source.configMap: ConfigMap {source.config_map!r} not found "
+        raise KernelSpecError(f"{prefix}.configMap: ConfigMap {source.config_map!r} not found "
                               "in the run's namespace")
     if source.key not in data:
-        raise KernelSpecError(f"spec.kernel.source.key: ConfigMap {source.config_map!r} has no key "
+        raise KernelSpecError(f"{prefix}.key: ConfigMap {source.config_map!r} has no key "
                               f"{source.key!r} (keys: {', '.join(sorted(data)[:10]) or 'none'})")
     for i, arg in enumerate(source.arguments):
         if arg.init == "data" and arg.data_key and arg.data_key not in data:
-            raise KernelSpecError(f"spec.kernel.source.arguments[{i}].dataKey: ConfigMap {source.config_map!r} "
+            raise KernelSpecError(f"{prefix}.arguments[{i}].dataKey: ConfigMap {source.config_map!r} "
                                   f"has no key {arg.data_key!r}")
     return data[source.key]
 
@@ -127,6 +191,8 @@ def compile_check(spec: TuningRunSpec, source_text: str, compute_capability: str
     is installed (the Job then reports compile errors itself)."""
     from fleettune_job import nvrtc
 
+    if spec.kernel.triton is not None:
+        return triton_compile_check(spec, source_text, compute_capability)
     source = spec.kernel.source
     assert source is not None
     if not nvrtc.available():
@@ -149,6 +215,49 @@ def compile_check(spec: TuningRunSpec, source_text: str, compute_capability: str
     arch = f"sm_{cc.replace('.', '')}" + ("" if compute_capability else " (the pool's GPU is unknown)")
     hint = member_hint(problem, source_text, config)
     return f"spec.kernel.source: with kernel.defaultConfig, for {arch}: {problem}{hint}"
+
+
+def triton_compile_check(spec: TuningRunSpec, source_text: str, compute_capability: str | None) -> str | None:
+    """:func:`compile_check` for Triton source: it matches the spec (:func:`check_triton_source`),
+    the default configuration compiles and its shared memory fits the GPU's per-block limit.
+    Without Triton installed, only the first is checked."""
+    from fleettune.space import SpaceError, lookup_device
+    from fleettune_job import tritonsource
+
+    triton = spec.kernel.triton
+    assert triton is not None
+    try:
+        check_triton_source(spec, source_text)
+    except KernelSpecError as exc:
+        return str(exc)
+    if not tritonsource.available():
+        return None
+    cc = compute_capability or FALLBACK_CC
+    arguments = [(a.kind, a.dtype) for a in triton.arguments]
+    request = tritonsource.CompileRequest.of(source_text, triton.function, arguments, spec.kernel.default_config or {},
+                                             cc)
+    try:
+        result = _cached_triton(request)
+    except (tritonsource.TritonSourceError, RuntimeError) as exc:
+        return f"spec.kernel.triton: {exc}"
+    arch = f"sm_{cc.replace('.', '')}" + ("" if compute_capability else " (the pool's GPU is unknown)")
+    if result.error is not None:
+        return f"spec.kernel.triton: with kernel.defaultConfig, for {arch}: {result.error}"
+    try:
+        limit = lookup_device(compute_capability=cc).shared_memory_per_block_optin
+    except SpaceError:
+        return None
+    if result.shared_bytes > limit:
+        return (f"spec.kernel.defaultConfig: the kernel needs {result.shared_bytes} bytes of shared memory per "
+                f"block for {arch}, which allows {limit}")
+    return None
+
+
+@lru_cache(maxsize=64)
+def _cached_triton(request: Any) -> Any:
+    from fleettune_job import tritonsource
+
+    return tritonsource.compile_check(request)
 
 
 def member_hint(problem: str, source_text: str, config: Mapping[str, Any]) -> str:

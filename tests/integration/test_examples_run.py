@@ -17,7 +17,7 @@ import pytest
 import yaml
 from operator_support import apply, get_run, wait_for
 
-from fleettune_job import nvrtc
+from fleettune_job import nvrtc, tritonsource
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +40,8 @@ def test_every_example_succeeds_in_the_demo_fleet(cluster, namespace, simulator,
     runs = [d for d in docs if d["kind"] == "TuningRun"]
     if not nvrtc.available():  # user source is compiled for real by the simulator
         runs = [d for d in runs if "source" not in d["spec"]["kernel"]]
+    if not tritonsource.available():
+        runs = [d for d in runs if "triton" not in d["spec"]["kernel"]]
     assert {d["spec"]["kernel"].get("builtin") for d in runs} >= {"convolution", "gemm", "scan"}
     for doc in docs:
         if doc["kind"] != "TuningRun" or doc in runs:

@@ -126,7 +126,10 @@ def test_deleting_the_run_removes_its_jobs_and_results(cluster, namespace, simul
         (lambda s: s["parameters"][0].update(type="complex"), "spec.parameters[0].type"),
         (lambda s: s["kernel"].update(source={"configMap": "k", "function": "f", "grid": ["1"], "block": ["1"],
                                               "arguments": [{"name": "out", "length": "8", "output": True}]}),
-         "exactly one of kernel.builtin or kernel.source"),
+         "exactly one of kernel.builtin, kernel.source or kernel.triton"),
+        (lambda s: (s["kernel"].pop("builtin"), s["kernel"].update(triton={
+            "configMap": "k", "function": "f", "grid": ["1"], "arguments": [{"name": "out", "length": "8"}]})),
+         "spec.kernel.triton.arguments: Invalid value: \"object\": arguments: at least one array must be an output"),
         (lambda s: s["kernel"].update(builtin=None, source={"configMap": "k", "function": "f", "grid": ["1"],
                                                             "block": ["1"]}),
          "spec.kernel.source.arguments: Required value"),

@@ -3,14 +3,15 @@
 :class:`PodAnswers` reads the batch from the Pod's ``FLEETTUNE_TRIAL`` and answers each
 configuration from the node pool's recording or synthetic model of the kernel, or from the
 built-in kernel's own model where nobody recorded it on that GPU; user source is read from
-the Pod's ConfigMap volume and compiled for real with NVRTC, its times synthetic
-(``fleettune_dev.sim.usersource``). Then :func:`~fleettune_dev.sim.batch.answer_batch` lays
+the Pod's ConfigMap volume and compiled for real (NVRTC, or Triton's compiler), its times
+synthetic (``fleettune_dev.sim.usersource``). Then :func:`~fleettune_dev.sim.batch.answer_batch` lays
 the answers on the batch's timeline. It makes no API call of its own: ConfigMaps come
 through the ``config_maps`` reader the caller passes. Safe to call from several threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -33,12 +34,16 @@ from fleettune_dev.sim.usersource import (
     Compiler,
     ConfigMapReader,
     SourceUnavailable,
+    TritonCompiler,
     compile_defines,
     launch_geometry,
     launch_refused,
+    shared_memory_refused,
     source_location,
     synthetic_measurement,
 )
+from fleettune_job import tritonsource
+from fleettune_job.expressions import geometry
 from fleettune_job.kernels import BUILTINS
 from fleettune_job.protocol import TRIAL_ENV, Batch, Outcome, Trial
 
@@ -53,6 +58,7 @@ class PodAnswers:
         self.seed = seed
         self.compile_s = compile_s
         self.compiler = Compiler()
+        self.triton = TritonCompiler()
         self._models: dict[tuple[str, str], KernelModel] = {}
         self._answering = threading.Lock()
 
@@ -75,8 +81,11 @@ class PodAnswers:
             work = Batch.from_env(text)
         except ValueError as exc:
             return BatchAnswer.failed(infra(f"invalid {TRIAL_ENV}: {str(exc).splitlines()[0]}", pool, node_labels))
+        trials = work.trials()
+        if work.kernel.language == "triton":  # the batch's compiles in one process, then cached
+            self._compile_triton(pod, trials, pool, node_labels, config_maps)
         # Entry by entry (user source is compiled once: the compiler caches its verdicts).
-        answers = [self._answer_trial(pod, trial, pool, node_labels, config_maps) for trial in work.trials()]
+        answers = [self._answer_trial(pod, trial, pool, node_labels, config_maps) for trial in trials]
         return answer_batch(work, answers, compile_slots(pool, trial_env_vars(pod)))
 
     def _answer_trial(self, pod: dict[str, Any], trial: Trial, pool: NodePool, node_labels: dict[str, str],
@@ -97,10 +106,9 @@ class PodAnswers:
         # Nobody recorded this kernel on this GPU: the model of the kernel itself (synthetic).
         return answer_builtin(trial, pool, node_labels, desc, seed=self.seed, compile_s=self.compile_s)
 
-    def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: NodePool, labels: dict[str, str],
-                       config_maps: ConfigMapReader | None) -> Answer:
-        """User source: read from the Pod's ConfigMap volume, compiled with NVRTC for the
-        node's compute capability, timed by the synthetic model when it compiles."""
+    def _read_source(self, pod: dict[str, Any], trial: Trial, pool: NodePool, labels: dict[str, str],
+                     config_maps: ConfigMapReader | None) -> str | Answer:
+        """The source the Pod mounts, or the infrastructure failure of reading it."""
         path = trial.kernel.source_path or ""
         found = trial_container(pod)
         assert found is not None  # the trial was read from it
@@ -118,10 +126,53 @@ class PodAnswers:
             return infra(f"cannot read kernel source {path}: ConfigMap {cm_name} not found", pool, labels)
         if key not in data:
             return infra(f"cannot read kernel source {path}: ConfigMap {cm_name} has no key {key!r}", pool, labels)
+        return data[key]
+
+    def _compile_triton(self, pod: dict[str, Any], trials: list[Trial], pool: NodePool, labels: dict[str, str],
+                        config_maps: ConfigMapReader | None) -> None:
+        source = self._read_source(pod, trials[0], pool, labels, config_maps)
+        if isinstance(source, str) and tritonsource.available():
+            cc = fingerprint(pool, labels, synthetic=True).compute_capability
+            with contextlib.suppress(ValueError, RuntimeError):  # each trial answers its own error
+                self.triton.check([self.triton.request(source, t, cc) for t in trials])
+
+    def _answer_triton(self, source: str, trial: Trial, pool: NodePool, labels: dict[str, str]) -> Answer:
+        """Compiled by Triton for the node's architecture, refused as Triton's launcher would
+        refuse it, timed by the synthetic model."""
+        if not tritonsource.available():
+            return infra("Triton is not installed: the simulator compiles Triton kernels with it "
+                         "(pip install 'fleettune[triton]')", pool, labels)
+        device = fingerprint(pool, labels, synthetic=True)
+        try:
+            grid = geometry(trial.kernel.grid or [], _numbers(trial.config), trial.problem_size, "grid")
+        except ValueError as exc:
+            return invalid_configuration(Outcome.LAUNCH_ERROR, f"launch geometry: {exc}", pool, labels, compile_s=0)
+        try:
+            result = self.triton.check([self.triton.request(source, trial, device.compute_capability)])[0]
+        except (ValueError, RuntimeError) as exc:
+            return invalid_configuration(Outcome.COMPILE_ERROR, str(exc), pool, labels, compile_s=0)
+        if result.error is not None:
+            return invalid_configuration(Outcome.COMPILE_ERROR, result.error, pool, labels, compile_s=self.compile_s)
+        refused = shared_memory_refused(result.shared_bytes, device.compute_capability)
+        if refused is None and min(grid) < 1:
+            refused = f"simulated: grid {list(grid)} has a dimension below 1"
+        if refused is not None:
+            return invalid_configuration(Outcome.LAUNCH_ERROR, refused, pool, labels, compile_s=self.compile_s)
+        m = synthetic_measurement(source, trial, f"{device.product}/{device.compute_capability}", self.seed)
+        return answer_measurement(trial, pool, labels, m, compile_s=self.compile_s)
+
+    def _answer_source(self, pod: dict[str, Any], trial: Trial, pool: NodePool, labels: dict[str, str],
+                       config_maps: ConfigMapReader | None) -> Answer:
+        """User source: read from the Pod's ConfigMap volume, compiled for the node's compute
+        capability, timed by the synthetic model when it compiles."""
+        source = self._read_source(pod, trial, pool, labels, config_maps)
+        if not isinstance(source, str):
+            return source
+        if trial.kernel.language == "triton":
+            return self._answer_triton(source, trial, pool, labels)
         if not self.compiler.available():
             return infra("libnvrtc not found: the simulator compiles user kernel source with NVRTC "
                          "(pip install nvidia-cuda-nvrtc-cu12, or set FLEETTUNE_NVRTC to libnvrtc.so)", pool, labels)
-        source = data[key]
         # In the job's order: geometry and defines, the compile, the launch.
         try:
             geometry = launch_geometry(trial)
@@ -156,3 +207,8 @@ class PodAnswers:
             else:
                 return None
         return self._models[key]
+
+
+def _numbers(config: dict[str, Any]) -> dict[str, Any]:
+    """A configuration as expressions see it (booleans as 0/1)."""
+    return {k: int(v) if isinstance(v, bool) else v for k, v in config.items() if isinstance(v, int | float)}

@@ -1,11 +1,14 @@
-"""User CUDA source in the simulator: compiled for real with NVRTC, timed by a synthetic model.
+"""User source in the simulator: compiled for real (CUDA with NVRTC, Triton with Triton's
+compiler), timed by a synthetic model.
 
 A user-source trial names the path where its Pod mounts the run's ConfigMap key
 (``/etc/fleettune/kernel/<key>``). The simulator reads that key through the API, as the
 kubelet would to fill the volume, and compiles it with NVRTC for the node's compute
 capability as the job would compile it (the same defines written into the source, the same
 headers and options): a typo, an undefined parameter or a configuration ptxas rejects
-fails here exactly as on the GPU, without one. Nobody has
+fails here exactly as on the GPU, without one. A Triton kernel is compiled by Triton for the
+node's compute capability (:class:`TritonCompiler`), and a configuration whose shared memory
+exceeds the GPU's limit fails as Triton's launcher would fail it. Nobody has
 measured the kernel, so a configuration that compiles gets its time from a smooth
 deterministic model of its numeric values (:func:`synthetic_measurement`), always marked
 synthetic.
@@ -17,6 +20,7 @@ import base64
 import hashlib
 import json
 import math
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -25,6 +29,7 @@ from typing import Any
 
 from fleettune_dev.sim.recordings import Measurement, noise_factor, unit_hash
 from fleettune_job.protocol import Trial
+from fleettune_job.tritonsource import CompileRequest, CompileResult, compile_many
 
 # ConfigMap name -> its data (string and decoded binary keys), or None when it does not exist.
 ConfigMapReader = Callable[[str], Mapping[str, str] | None]
@@ -182,6 +187,49 @@ class Compiler:
             if len(self._cache) > self.max_entries:
                 self._cache.popitem(last=False)
             return verdict
+
+
+class TritonCompiler:
+    """Triton compiles (``fleettune_job.tritonsource``), cached per configuration and
+    architecture; a batch's configurations are compiled in one child process."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self.compiles = 0
+        self._cache: OrderedDict[CompileRequest, CompileResult] = OrderedDict()
+        self._lock = threading.Lock()
+        self._folder = tempfile.TemporaryDirectory(prefix="fleettune-sim-triton-")  # Triton's own cache
+
+    @staticmethod
+    def request(source: str, trial: Trial, compute_capability: str) -> CompileRequest:
+        arguments = [(a.kind, a.dtype) for a in trial.kernel.arguments or []]
+        return CompileRequest.of(source, trial.kernel.function or "", arguments, trial.config, compute_capability)
+
+    def check(self, requests: list[CompileRequest]) -> list[CompileResult]:
+        """Each request's verdict (raises TritonSourceError for a source that is not vetted,
+        RuntimeError when Triton is missing)."""
+        with self._lock:
+            missing = list(dict.fromkeys(r for r in requests if r not in self._cache))
+            if missing:
+                for r, result in zip(missing, compile_many(missing, self._folder.name), strict=True):
+                    self._cache[r] = result
+                self.compiles += len(missing)
+                while len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+            return [self._cache[r] for r in requests]
+
+
+def shared_memory_refused(shared_bytes: int, compute_capability: str) -> str | None:
+    """Triton's launcher's message for a kernel over the GPU's shared memory per block."""
+    from fleettune.space import SpaceError, lookup_device
+
+    try:
+        limit = lookup_device(compute_capability=compute_capability).shared_memory_per_block_optin
+    except SpaceError:
+        return None
+    if shared_bytes <= limit:
+        return None
+    return f"simulated: out of resource: shared memory, Required: {shared_bytes}, Hardware limit: {limit}"
 
 
 def _numeric(value: Any) -> float | None:

@@ -56,6 +56,7 @@ from fleettune.api.spec import (
     StrategySpec,
     TargetSpec,
     Toleration,
+    TritonSourceRef,
     TuningRunSpec,
     VerificationSpec,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "TargetStatus",
     "Toleration",
     "TrialCounts",
+    "TritonSourceRef",
     "TunedFor",
     "TuningRun",
     "TuningRunSpec",

@@ -98,8 +98,15 @@ class VerificationSpec(Model):
     )
 
 
-class SourceRef(Model):
-    """User CUDA source held in a ConfigMap of the run's namespace."""
+class UserSource(Model):
+    """What CUDA and Triton source share: where the source is, what to launch, with which data."""
+
+    model_config = ConfigDict(json_schema_extra={CEL: [
+        {"rule": "self.arguments.exists(a, has(a.output) && a.output)",
+         "message": "arguments: at least one array must be an output (what is verified)", "fieldPath": ".arguments"},
+        {"rule": "self.arguments.all(a, self.arguments.exists_one(b, b.name == a.name))",
+         "message": "arguments: names must be unique", "fieldPath": ".arguments"},
+    ]})
 
     config_map: str = Field(
         max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap (in the run's namespace) holding the source."
@@ -112,9 +119,6 @@ class SourceRef(Model):
         min_length=1, max_length=3,
         description="Grid size (blocks) per dimension, expressions of parameters and problem_size.",
     )
-    block: list[Expression] = Field(
-        min_length=1, max_length=3, description="Block size (threads) per dimension, expressions."
-    )
     arguments: list[ArgumentSpec] = Field(
         min_length=1, max_length=32,
         description="The kernel's arguments in order: arrays (with their data) and scalars. At least one array "
@@ -126,19 +130,39 @@ class SourceRef(Model):
     )
 
 
+class SourceRef(UserSource):
+    """User CUDA source held in a ConfigMap of the run's namespace."""
+
+    block: list[Expression] = Field(
+        min_length=1, max_length=3, description="Block size (threads) per dimension, expressions."
+    )
+
+
+class TritonSourceRef(UserSource):
+    """A Triton kernel (a module with @triton.jit functions) held in a ConfigMap of the run's namespace."""
+
+    key: str = Field(
+        default="kernel.py", max_length=253, pattern=CONFIG_MAP_KEY, description="Key of the source in it."
+    )
+    function: str = Field(pattern=IDENTIFIER, max_length=128, description="The @triton.jit function to tune.")
+    grid: list[Expression] = Field(
+        min_length=1, max_length=3,
+        description="Grid size (programs) per dimension, expressions of parameters and problem_size.",
+    )
+    arguments: list[ArgumentSpec] = Field(
+        min_length=1, max_length=32,
+        description="The function's runtime arguments in order (every parameter before its tl.constexpr ones): "
+        "arrays (with their data) and scalars. At least one array must be an output.",
+    )
+
+
 class KernelSpec(Model):
     model_config = ConfigDict(json_schema_extra={CEL: [
-        {"rule": "has(self.builtin) != has(self.source)",
-         "message": "set exactly one of kernel.builtin or kernel.source"},
-        {"rule": "!has(self.source) || has(self.defaultConfig)",
-         "message": "kernel.source needs kernel.defaultConfig: its outputs are the reference every configuration "
-                    "is checked against", "fieldPath": ".defaultConfig"},
-        {"rule": "!has(self.source) || self.source.arguments.exists(a, has(a.output) && a.output)",
-         "message": "kernel.source.arguments: at least one array must be an output (what is verified)",
-         "fieldPath": ".source.arguments"},
-        {"rule": "!has(self.source) || self.source.arguments.all(a, "
-                 "self.source.arguments.exists_one(b, b.name == a.name))",
-         "message": "kernel.source.arguments: names must be unique", "fieldPath": ".source.arguments"},
+        {"rule": "[has(self.builtin), has(self.source), has(self.triton)].filter(x, x).size() == 1",
+         "message": "set exactly one of kernel.builtin, kernel.source or kernel.triton"},
+        {"rule": "!(has(self.source) || has(self.triton)) || has(self.defaultConfig)",
+         "message": "kernel.source and kernel.triton need kernel.defaultConfig: its outputs are the reference every "
+                    "configuration is checked against", "fieldPath": ".defaultConfig"},
         {"rule": "!has(self.pruneSlowerThan) || self.pruneSlowerThan == 0.0 || self.pruneSlowerThan >= 1.0",
          "message": "kernel.pruneSlowerThan: 0 (off) or at least 1", "fieldPath": ".pruneSlowerThan"},
         {"rule": "has(self.problemSize) != has(self.problemSizes)",
@@ -152,6 +176,7 @@ class KernelSpec(Model):
         description="A kernel shipped in the job image: convolution, gemm or scan.",
     )
     source: SourceRef | None = None
+    triton: TritonSourceRef | None = None
     problem_size: ProblemSizeSpec | None = Field(default=None, description="Problem size, e.g. [4096, 4096].")
     problem_sizes: list[ProblemSizeSpec] | None = Field(
         default=None, min_length=1, max_length=MAX_PROBLEM_SIZES,
@@ -175,6 +200,11 @@ class KernelSpec(Model):
         f"objective is that median): it cannot become the best, and {PRUNE_RUNS} launches place it for the "
         "optimiser. 0: every configuration gets all its repeats and is verified.",
     )
+
+    @property
+    def user(self) -> SourceRef | TritonSourceRef | None:
+        """The user's source, CUDA or Triton (None for a built-in)."""
+        return self.source or self.triton
 
     def sizes(self) -> list[tuple[int, ...]]:
         """The problem sizes to tune, in the order given (duplicates dropped)."""
@@ -380,7 +410,9 @@ class TuningRunSpec(Model):
          "message": f"size(targets) * size(predictFor) must be at most {MAX_PREDICTIONS}", "fieldPath": ".predictFor"},
     ]})
 
-    kernel: KernelSpec = Field(description="The kernel to tune: a built-in of the job image, or your CUDA source.")
+    kernel: KernelSpec = Field(
+        description="The kernel to tune: a built-in of the job image, your CUDA source or your Triton source."
+    )
     parameters: list[ParameterSpec] = Field(
         min_length=1, max_length=64, description="The tunable parameters: the search space (with constraints)."
     )

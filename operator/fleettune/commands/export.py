@@ -146,7 +146,7 @@ def export_records(spec: TuningRunSpec, records: Sequence[TrialRecord], pool: Po
     kernel = spec.kernel
     export.recorded = RecordedSpace(
         space=space, records=out, device_name=device_name or "",
-        kernel_name=kernel.builtin or (kernel.source.function if kernel.source else ""),
+        kernel_name=kernel.builtin or (kernel.user.function if kernel.user else ""),
         problem_size=list(pool.size), objective="time", metadata=dict(metadata or {}),
     )
     return export

@@ -46,7 +46,7 @@ def kernel_id(spec: TuningRunSpec, source_digest: str | None) -> str | None:
     """The kernel's identity across runs (the module's docstring says what counts); None for
     a source not read yet (``source_digest``)."""
     kernel = spec.kernel
-    if kernel.source is not None and source_digest is None:
+    if kernel.user is not None and source_digest is None:
         return None
     doc: dict[str, Any] = {"v": 1, "parameters": sorted(p.name for p in spec.parameters),
                            "objective": spec.objective.dump()}
@@ -56,10 +56,11 @@ def kernel_id(spec: TuningRunSpec, source_digest: str | None) -> str | None:
         code = BUILTINS[kernel.builtin].source if kernel.builtin in BUILTINS else ""
         doc["builtin"] = {"name": kernel.builtin, "code": hashlib.sha256(code.encode()).hexdigest()}
     else:
-        assert kernel.source is not None
-        source = kernel.source.dump()
-        doc["source"] = {"digest": source_digest, "function": source["function"], "grid": source.get("grid"),
-                         "block": source.get("block"), "arguments": source.get("arguments")}
+        assert kernel.user is not None
+        source = kernel.user.dump()
+        doc["triton" if kernel.triton is not None else "source"] = {
+            "digest": source_digest, "function": source["function"], "grid": source.get("grid"),
+            "block": source.get("block"), "arguments": source.get("arguments")}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 

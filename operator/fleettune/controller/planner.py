@@ -186,7 +186,7 @@ class Planner:
 
     def wants_source(self, mono: float) -> bool:
         assert self.spec is not None
-        return self.spec.kernel.source is not None and self.source.due(mono)
+        return self.spec.kernel.user is not None and self.source.due(mono)
 
     def source_changed(self) -> None:
         self.source.changed()
@@ -243,7 +243,7 @@ class Planner:
         if (waiting := self.warm.waiting(self.spec.warm_start)) is not None:
             reason, message = waiting  # read again, like a kernel source, until it is right
             return Report("Pending" if reason == "SourceNotFound" else "Failed", [], reason, message)
-        if self.spec.kernel.source is None:
+        if self.spec.kernel.user is None:
             return None
         if self.source.text is None:
             if self.source.digest is not None:
@@ -318,7 +318,7 @@ class Planner:
         assert self.spec is not None
         # A source gone mid-run (its ConfigMap deleted): no new trial starts, but the running
         # ones are recorded and the status keeps every pool's results while the run waits.
-        waiting = self.spec.kernel.source is not None and self.source.text is None
+        waiting = self.spec.kernel.user is not None and self.source.text is None
         self.capacity_notes = {}
         failed = self._set_up_pools(obs) if not waiting else None
         if failed is not None:

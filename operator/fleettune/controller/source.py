@@ -52,7 +52,7 @@ class KernelSource:
     def waiting(self, spec: TuningRunSpec, error: str | None, kept: int | None = None) -> str:
         """What a run without its source says while it waits for it: the read's error,
         the ConfigMap and key it waits for, and (`kept`: mid-run) that its results stay."""
-        source = spec.kernel.source
+        source = spec.kernel.user
         assert source is not None
         message = f"{error or 'the kernel source is not read yet'}; waiting for ConfigMap {source.config_map!r} " \
                   f"key {source.key!r}"

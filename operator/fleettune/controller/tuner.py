@@ -89,7 +89,7 @@ class RunLoop:
         """The ConfigMaps whose changes matter to the run: its kernel source, and a publish
         target it was refused (freed or deleted, it is taken at once). Not a target it
         publishes into: its own writes would wake it."""
-        source = self.spec.kernel.source if self.spec is not None else None
+        source = self.spec.kernel.user if self.spec is not None else None
         names = {source.config_map} if source is not None else set()
         if (refused := self.publisher.refused_name) is not None:
             names.add(refused)
@@ -128,7 +128,7 @@ class RunLoop:
             self.metrics.forget_target(self.namespace, self.name, gone)
         planner.forgotten.clear()
         if planner.spec is not None and planner.wants_source(time.monotonic()):
-            source = planner.spec.kernel.source
+            source = planner.spec.kernel.user
             assert source is not None
             data = await asyncio.to_thread(self.kube.read_config_map, self.namespace, source.config_map)
             planner.accept_source(data, time.monotonic(), time.time())

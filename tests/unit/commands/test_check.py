@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fleettune import cli
-from fleettune_job import nvrtc
+from fleettune_job import nvrtc, tritonsource
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -72,6 +72,23 @@ def test_a_source_that_does_not_compile_fails_with_the_compilers_message(
     assert code == 1
     # Compiled for each target's architecture (A100: 8.0), with NVRTC's own message.
     assert "TuningRun default/transpose:" in out and "undeclared" in out and "target a100" in out
+
+
+@pytest.mark.skipif(not tritonsource.available(), reason="Triton is not installed: its compile check is skipped, "
+                    "as the operator's")
+def test_a_triton_source_is_vetted_then_compiled_for_each_target(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, run = yaml.safe_load_all((ROOT / "examples" / "triton-matmul.yaml").read_text())
+    text = source["data"]["matmul.py"]
+    source["data"]["matmul.py"] = text.replace("acc += tl.dot(x, y)", "acc += tl.dot(x, y_undefined)")
+    code, out = check(tmp_path, capsys, source, run)
+    assert code == 1
+    assert "spec.kernel.triton: with kernel.defaultConfig, for sm_80: CompilationError" in out
+    assert "y_undefined is not defined" in out and "target a100" in out and "target rtx-a4000" in out
+
+    source["data"]["matmul.py"] = "import os\nos.system('id')\n" + text
+    code, out = check(tmp_path, capsys, source, run)
+    assert code == 1 and "spec.kernel.triton.function: line 1: import of 'os'" in out
 
 
 def test_unreadable_input_is_told_apart_from_a_refused_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
