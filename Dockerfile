@@ -19,7 +19,12 @@ COPY job_image/fleettune_job ./job_image/fleettune_job
 # So do the CUDA headers, checked here by compiling an include of one: without them the
 # operator's check passes any kernel that includes a header (it cannot tell a missing header
 # of this image from one the source wrongly names), and its errors show only in the trials.
-RUN pip install . && python -c "import fleettune.controller.handlers, importlib.util, pathlib; \
+# --build-arg EXTRAS=triton adds Triton's compiler (about 1 GB), with which the operator compiles
+# a Triton kernel for each pool's GPU before any Job (docs/operations/install.md). The package is
+# this checkout, which hadolint takes for an unpinned one.
+ARG EXTRAS=""
+# hadolint ignore=DL3013
+RUN pip install ".${EXTRAS:+[$EXTRAS]}" && python -c "import fleettune.controller.handlers, importlib.util, pathlib; \
 from fleettune_job import nvrtc; assert nvrtc.available(), 'libnvrtc not found'; \
 include = nvrtc.cuda_include_dir(); \
 assert include and (pathlib.Path(include) / 'cuda_fp16.h').is_file(), f'no CUDA headers (cuda_fp16.h): {include}'; \
