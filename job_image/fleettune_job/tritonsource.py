@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,10 +176,12 @@ class CompileRequest:
 
 @dataclass(frozen=True)
 class CompileResult:
-    """The compiler's message (None: it compiled) and the shared memory per block it needs."""
+    """The compiler's message (None: it compiled), the shared memory per block it needs, and
+    the seconds the compile took in the child."""
 
     error: str | None
     shared_bytes: int = 0
+    seconds: float = 0.0
 
 
 def available() -> bool:
@@ -230,7 +233,7 @@ def compile_many(requests: Sequence[CompileRequest], cache_dir: str | None = Non
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise RuntimeError(f"Triton's compile process ended with status {done.returncode}: "
                            f"{' | '.join(tail) or 'no output'}") from None
-    return [CompileResult(a.get("error"), int(a.get("shared") or 0)) for a in answers]
+    return [CompileResult(a.get("error"), int(a.get("shared") or 0), float(a.get("seconds") or 0)) for a in answers]
 
 
 def _compile(request: Mapping[str, Any], folder: Path, index: int) -> dict[str, Any]:
@@ -261,14 +264,16 @@ def _compile(request: Mapping[str, Any], folder: Path, index: int) -> dict[str, 
             if p.name not in constexprs and p.has_default:
                 constexprs[p.name] = p.default
     major, minor = (int(x) for x in request["compute_capability"].split("."))
+    start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             kernel = triton.compile(ASTSource(fn, sig, constexprs=constexprs),
                                     target=GPUTarget("cuda", major * 10 + minor, 32), options=request["options"])
         except Exception as exc:  # the compiler's message is the answer, whatever raised it
-            return {"error": f"{type(exc).__name__}: {exc}".strip()}
-    return {"error": None, "shared": int(getattr(kernel.metadata, "shared", 0) or 0)}
+            return {"error": f"{type(exc).__name__}: {exc}".strip(), "seconds": time.perf_counter() - start}
+    return {"error": None, "shared": int(getattr(kernel.metadata, "shared", 0) or 0),
+            "seconds": time.perf_counter() - start}
 
 
 def main() -> None:

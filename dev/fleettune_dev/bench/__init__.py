@@ -1,4 +1,4 @@
-"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job|predict|fleet ...`
+"""Benchmark commands: `fleettune bench space|strategy|warmstart|load|memory|timeline|job|predict|fleet|triton ...`
 (they print tables).
 
 What each measures, its targets, its data and how to run it: docs/benchmarks.md; every flag:
@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "job": "fleettune_dev.bench.job",
     "predict": "fleettune_dev.bench.predict",
     "fleet": "fleettune_dev.bench.fleet",
+    "triton": "fleettune_dev.bench.tritoncompile",
 }
 
 
