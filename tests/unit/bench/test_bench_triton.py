@@ -30,5 +30,5 @@ def test_it_compiles_the_examples_configurations_cold_then_cached(tmp_path: Path
 
 
 def test_a_file_without_a_triton_kernel_is_refused() -> None:
-    with pytest.raises(SystemExit, match="has no kernel.triton"):
+    with pytest.raises(SystemExit, match=r"has no kernel\.triton"):
         main(["-f", str(ROOT / "examples" / "user-kernel.yaml")])
