@@ -67,7 +67,8 @@ def _compile_all(requests: list[Any], workers: int, cache: str) -> tuple[float, 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fleettune bench triton", description=__doc__.split("\n\n")[0])
-    parser.add_argument("-f", "--filename", required=True, help="YAML with a TuningRun (kernel.triton) and its ConfigMap")
+    parser.add_argument("-f", "--filename", required=True,
+                        help="YAML with a TuningRun (kernel.triton) and its ConfigMap")
     parser.add_argument("--cc", default="8.0", help="compute capability to compile for (default 8.0)")
     parser.add_argument("--configs", type=int, default=16, help="configurations drawn from the space (default 16)")
     parser.add_argument("--workers", type=int, default=2, help="compiles at once (default 2: the CI machine's cores)")
