@@ -28,8 +28,8 @@ DEV_COMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("fleettune_dev.cluster.cli", "start, stop or inspect the local control plane and simulated GPU fleet"),
     "simulate": ("fleettune_dev.sim.cli", "answer trial Pods on fake GPU nodes (recordings; user source via NVRTC)"),
     "demo": ("fleettune_dev.demo", "local control plane + fleet + operator + examples/convolution-fleet.yaml"),
-    "bench": ("fleettune_dev.bench", "benchmarks: `bench space|strategy|warmstart|predict|load|memory|timeline|job|\"
-              "fleet|triton`"),
+    "bench": ("fleettune_dev.bench",
+              "benchmarks: `bench space|strategy|warmstart|predict|load|memory|timeline|job|fleet|triton`"),
 }
 DEV_INSTALL_HINT = "pip install -e ./dev from a fleettune checkout (`make install` does it)"
 
