@@ -11,12 +11,14 @@ through the ``config_maps`` reader the caller passes. Safe to call from several 
 
 from __future__ import annotations
 
-import contextlib
+import json
+import subprocess
 import threading
 from typing import Any
 
 from fleettune.labels import POOL_LABEL
 from fleettune_dev.cluster.fleet import Fleet, NodePool
+from fleettune_dev.sim import tritoninterp
 from fleettune_dev.sim.answer import (
     DEFAULT_COMPILE_S,
     Answer,
@@ -59,6 +61,8 @@ class PodAnswers:
         self.compile_s = compile_s
         self.compiler = Compiler()
         self.triton = TritonCompiler()
+        # (source, configuration, problem size) -> the interpreter's verdict (None: outputs match).
+        self._verdicts: dict[tuple[str, str, str], str | None] = {}
         self._models: dict[tuple[str, str], KernelModel] = {}
         self._answering = threading.Lock()
 
@@ -130,15 +134,34 @@ class PodAnswers:
 
     def _compile_triton(self, pod: dict[str, Any], trials: list[Trial], pool: NodePool, labels: dict[str, str],
                         config_maps: ConfigMapReader | None) -> None:
+        """The batch's compiles, then its verification in Triton's interpreter of those that
+        compiled, each in one child process; each trial then answers from the caches."""
         source = self._read_source(pod, trials[0], pool, labels, config_maps)
-        if isinstance(source, str) and tritonsource.available():
-            cc = fingerprint(pool, labels, synthetic=True).compute_capability
-            with contextlib.suppress(ValueError, RuntimeError):  # each trial answers its own error
-                self.triton.check([self.triton.request(source, t, cc) for t in trials])
+        if not isinstance(source, str) or not tritonsource.available():
+            return
+        cc = fingerprint(pool, labels, synthetic=True).compute_capability
+        try:
+            results = self.triton.check([self.triton.request(source, t, cc) for t in trials])
+        except (ValueError, RuntimeError):
+            return  # each trial answers its own error
+        todo = [t for t, r in zip(trials, results, strict=True) if r.error is None and tritoninterp.verifiable(t)
+                and self._verdict_key(source, t) not in self._verdicts]
+        if todo:
+            try:
+                verdicts = tritoninterp.verify(source, todo)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                return  # the reference does not run in the interpreter: unverified, as every simulated result
+            with self._answering:
+                self._verdicts.update(zip((self._verdict_key(source, t) for t in todo), verdicts, strict=True))
+
+    @staticmethod
+    def _verdict_key(source: str, trial: Trial) -> tuple[str, str, str]:
+        return source, json.dumps(trial.config, sort_keys=True), json.dumps(trial.problem_size)
 
     def _answer_triton(self, source: str, trial: Trial, pool: NodePool, labels: dict[str, str]) -> Answer:
         """Compiled by Triton for the node's architecture, refused as Triton's launcher would
-        refuse it, timed by the synthetic model."""
+        refuse it, verified in Triton's interpreter (`_compile_triton`), timed by the
+        synthetic model."""
         if not tritonsource.available():
             return infra("Triton is not installed: the simulator compiles Triton kernels with it "
                          "(pip install 'fleettune[triton]')", pool, labels)
@@ -158,6 +181,11 @@ class PodAnswers:
             refused = f"simulated: grid {list(grid)} has a dimension below 1"
         if refused is not None:
             return invalid_configuration(Outcome.LAUNCH_ERROR, refused, pool, labels, compile_s=self.compile_s)
+        wrong = self._verdicts.get(self._verdict_key(source, trial))
+        if wrong is not None:
+            return invalid_configuration(Outcome.CORRECTNESS_ERROR, f"simulated in Triton's interpreter at problem "
+                                         f"size {tritoninterp.reduced(trial.problem_size)}: {wrong}", pool, labels,
+                                         compile_s=self.compile_s)
         m = synthetic_measurement(source, trial, f"{device.product}/{device.compute_capability}", self.seed)
         return answer_measurement(trial, pool, labels, m, compile_s=self.compile_s)
 
