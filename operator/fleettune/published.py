@@ -16,6 +16,10 @@ Data keys:
   simulator's results; absent when they were),
   and ``<pool>.sizes`` listing the tuned sizes, with ``<size>`` = ``2048x2048``.
 
+With ``spec.publish.format: vllm``, the tables vLLM and SGLang load are written beside them
+(``fleettune.servingtables``), built from the measured entries (their ``deviceName``, the GPU
+as its trials reported it).
+
 With ``spec.publish.includePredicted``, the run's predictions (``status.predictions``) fill
 the (pool, size) slots that have no measured entry: in ``tuned.json`` with ``"source":
 "predicted"``, ``basis`` (``sizes`` or ``gpus``) and, where known, ``predictedMs``,
@@ -54,6 +58,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
+from fleettune import servingtables
+from fleettune.api import VllmTableSpec
 from fleettune.fingerprint import GpuFingerprint, fingerprint_key
 from fleettune.labels import MANAGED_BY, MANAGER, PUBLISHED_BY, PUBLISHED_BY_RUN, PUBLISHED_BY_UID
 from fleettune.sizes import ProblemSize, size_key
@@ -84,6 +90,9 @@ class PublishedEntry(BaseModel):
     # False: the configuration's outputs were never checked (the fleet simulator cannot compute
     # them); written as "verified": false, and absent when checked.
     verified: bool = True
+    # The GPU as its trials reported it (the driver's name): serving stacks' tables are named
+    # after it (`servingtables`); "" in entries of earlier versions.
+    device_name: str = ""
 
     @property
     def slot(self) -> tuple[str, ProblemSize]:
@@ -107,6 +116,8 @@ class PublishedEntry(BaseModel):
             out["kernel"] = self.kernel
         if not self.verified:
             out["verified"] = False
+        if self.device_name:
+            out["deviceName"] = self.device_name
         return out
 
     @classmethod
@@ -122,6 +133,7 @@ class PublishedEntry(BaseModel):
             measured_at=str(data.get("measuredAt", "")),
             kernel=str(data.get("kernel", "")),
             verified=data.get("verified", True) is not False,
+            device_name=str(data.get("deviceName", "")),
         )
 
 
@@ -223,7 +235,7 @@ def _sorted(entries: Iterable[PublishedEntry]) -> list[PublishedEntry]:
 
 
 def _data(run_name: str, ordered: list[PublishedEntry], predicted: list[PredictedEntry],
-          left_out: int) -> tuple[dict[str, str], int]:
+          left_out: int, tables: Mapping[str, str]) -> tuple[dict[str, str], int]:
     """The data and its size in bytes."""
     rows = sorted([*((e.slot, e.to_json()) for e in ordered), *((p.slot, p.to_json()) for p in predicted)],
                   key=lambda row: row[0])
@@ -235,14 +247,19 @@ def _data(run_name: str, ordered: list[PublishedEntry], predicted: list[Predicte
     if TUNED_JSON in flat:  # a pool named "tuned" with a size "json" cannot exist, but be sure
         raise ValueError(f"flat key {TUNED_JSON!r} collides with the JSON document")
     data |= flat
+    if data.keys() & tables.keys():
+        raise ValueError(f"flat keys collide with the serving tables' {sorted(data.keys() & tables.keys())[:3]}")
+    data |= tables
     return data, sum(len(k) + len(v.encode()) for k, v in data.items())
 
 
 def configmap_data(run_name: str, entries: Iterable[PublishedEntry],
-                   predicted: Iterable[PredictedEntry] = ()) -> dict[str, str]:
+                   predicted: Iterable[PredictedEntry] = (), vllm: VllmTableSpec | None = None) -> dict[str, str]:
     """The ConfigMap's data: ``predicted`` fills the slots no entry holds, as many of them
-    (first slots first) as fit; the measured entries must fit (ValueError otherwise)."""
+    (first slots first) as fit; the measured entries (and with ``vllm``, their serving
+    tables) must fit (ValueError otherwise)."""
     ordered = _sorted(entries)
+    tables = servingtables.config_map_data(ordered, vllm) if vllm is not None else {}
     taken = {e.slot for e in ordered}
     guesses: dict[tuple[str, ProblemSize], list[PredictedEntry]] = {}
     for p in predicted:
@@ -251,17 +268,17 @@ def configmap_data(run_name: str, entries: Iterable[PublishedEntry],
     # One per slot whatever the order given: "gpus" (the other GPUs at this very size) first.
     fill = [min(guesses[slot], key=lambda p: (p.basis, json.dumps(p.to_json(), sort_keys=True)))
             for slot in sorted(guesses)]
-    data, size = _data(run_name, ordered, fill, 0)
+    data, size = _data(run_name, ordered, fill, 0, tables)
     if size > MAX_BYTES and fill:
         # The largest number of predictions that fits (the size grows with each one kept).
         low, high = 0, len(fill) - 1
         while low < high:
             mid = (low + high + 1) // 2
-            if _data(run_name, ordered, fill[:mid], len(fill) - mid)[1] <= MAX_BYTES:
+            if _data(run_name, ordered, fill[:mid], len(fill) - mid, tables)[1] <= MAX_BYTES:
                 low = mid
             else:
                 high = mid - 1
-        data, size = _data(run_name, ordered, fill[:low], len(fill) - low)
+        data, size = _data(run_name, ordered, fill[:low], len(fill) - low, tables)
     if size > MAX_BYTES:
         raise ValueError(f"published data would be {size} bytes, over the {MAX_BYTES}-byte ConfigMap budget")
     return dict(sorted(data.items()))
@@ -392,11 +409,12 @@ def merge_entries(
 def publish_plan(
     run_name: str, current_data: Mapping[str, str] | None, new_entries: Iterable[PublishedEntry],
     pools: Collection[str] | None = None, kernel: str | None = None, predicted: Iterable[PredictedEntry] = (),
+    vllm: VllmTableSpec | None = None,
 ) -> dict[str, str] | None:
     """The data to write, or None when the ConfigMap already says exactly that (also
     repairs hand-edited or truncated flat keys). ``predicted``: the run's predictions, for
-    the slots left without a measured entry."""
+    the slots left without a measured entry; ``vllm``: also the serving stacks' tables."""
     measured = merge_entries(read_entries(current_data), new_entries, pools, kernel)
     guesses = [p for p in predicted if pools is None or p.pool in pools]
-    desired = configmap_data(run_name, measured, guesses)
+    desired = configmap_data(run_name, measured, guesses, vllm)
     return None if dict(current_data or {}) == desired else desired

@@ -30,7 +30,7 @@ from fleettune.api.base import (
     MAX_TUNED_TARGETS,
     Model,
 )
-from fleettune.api.reuse import FleetMemorySpec, PublishSpec, WarmStartSpec
+from fleettune.api.reuse import FleetMemorySpec, PublishSpec, VllmTableSpec, WarmStartSpec
 from fleettune.api.spec import (
     IDENTIFIER,
     MAX_PROBLEM_SIZES,
@@ -142,5 +142,6 @@ __all__ = [
     "TuningRunSpec",
     "TuningRunStatus",
     "VerificationSpec",
+    "VllmTableSpec",
     "WarmStartSpec",
 ]

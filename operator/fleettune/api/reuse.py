@@ -44,6 +44,27 @@ class FleetMemorySpec(Model):
     )
 
 
+# A serving stack's table file name: literal text with the placeholders {device} and
+# {problem_size[i]}, ending in .json (no folder).
+VLLM_FILE_NAME = r"^([^{}/]|\{device\}|\{problem_size\[[0-2]\]\})+\.json$"
+
+
+class VllmTableSpec(Model):
+    """How the tables vLLM and SGLang load are named and keyed."""
+
+    file_name: str = Field(
+        default="device_name={device}.json", max_length=253, pattern=VLLM_FILE_NAME,
+        description="The table's file name: {device} is the GPU's name as the serving stack spells it (the "
+        "driver's, spaces as underscores), {problem_size[i]} a dimension of the problem size; e.g. "
+        "E=8,N={problem_size[1]},device_name={device}.json (fused MoE), with ,dtype=fp8_w8a8 before .json where "
+        "the stack expects one. Sizes that differ only in batchDimension share a file.",
+    )
+    batch_dimension: int = Field(
+        default=0, ge=0, le=2,
+        description="The problem-size dimension that is the batch size M: each tuned M is a key of its table.",
+    )
+
+
 class PublishSpec(Model):
     config_map_name: str = Field(
         max_length=253, pattern=DNS_SUBDOMAIN, description="ConfigMap that receives the best configuration per pool."
@@ -53,3 +74,9 @@ class PublishSpec(Model):
     )
     include_predicted: bool = Field(default=False, description="Also publish status.predictions for each pool and "
                                     "size with no measured best, marked source=predicted (a measurement replaces it).")
+    format: Literal["fleettune", "vllm"] = Field(
+        default="fleettune",
+        description="vllm: besides tuned.json and the flat keys, one table per GPU in the format vLLM and SGLang "
+        "load (publish.vllm names them; mount them as docs/guide/publishing.md shows).",
+    )
+    vllm: VllmTableSpec = Field(default_factory=VllmTableSpec, description="With format: vllm, the tables' names.")

@@ -41,6 +41,7 @@ def entries(pools: Iterable[Pool], records: Sequence[TrialRecord], kernel: str) 
                 time_ms=best[0].objective, fingerprint=pool.tuned_for or GpuFingerprint(),
                 trial=best[0].index, round=pool.round, measured_at=best[0].recorded_at, kernel=kernel,
                 verified=not outputs_unverified(mine),
+                device_name=best[0].fingerprint.product if best[0].fingerprint is not None else "",
             ))
     return out
 
@@ -125,7 +126,8 @@ class Publisher:
             if self.problem is not None:
                 return
             guesses = predicted(predictions, kernel) if target.include_predicted else []
-            data = publish_plan(self.run, self.data, best, pools=pools, kernel=kernel, predicted=guesses)
+            data = publish_plan(self.run, self.data, best, pools=pools, kernel=kernel, predicted=guesses,
+                                vllm=target.vllm if target.format == "vllm" else None)
             if data is None:
                 self.error = None
                 return
