@@ -265,9 +265,9 @@ def api_rejected(draw: st.DrawFn) -> tuple[dict[str, Any], str, str]:
         if case == "two-sources":
             spec["kernel"]["source"] = {"configMap": "k", "function": "f", "grid": ["1"], "block": ["1"],
                                         "arguments": [{"name": "out", "length": "8", "output": True}]}
-            return doc, case, "exactly one of kernel.builtin or kernel.source"
+            return doc, case, "exactly one of kernel.builtin, kernel.source or kernel.triton"
         del spec["kernel"]["builtin"]
-        return doc, case, "exactly one of kernel.builtin or kernel.source"
+        return doc, case, "exactly one of kernel.builtin, kernel.source or kernel.triton"
     # An unknown field anywhere typed: a typo must not be silently dropped.
     where = draw(st.sampled_from(["", "budget.", "kernel.", "parameters[0].", "targets[0].", "strategy.",
                                   "jobTemplate.", "objective."]))

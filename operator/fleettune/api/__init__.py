@@ -7,11 +7,11 @@ cross-field rules as CEL) are enforced by the API server at apply time; semantic
 that need the search-space library (constraint expressions, value types, device limits)
 are done by the operator and reported in a status condition naming the field.
 
-The models are split by part of the object: `spec` (what to tune), `reuse` (what a run
-reuses and shares), `status` (what the operator reports), `base` (their camelCase base
-model and shared bounds), `kubernetes` (the schemas of the Kubernetes types the spec
-embeds, generated from an API server's OpenAPI); every name is importable from
-`fleettune.api`.
+The models are split by part of the object: `spec` (what to tune), `kernelsource` (a
+user kernel's source, within the spec), `reuse` (what a run reuses and shares), `status`
+(what the operator reports), `base` (their camelCase base model and shared bounds),
+`kubernetes` (the schemas of the Kubernetes types the spec embeds, generated from an API
+server's OpenAPI); every name is importable from `fleettune.api`.
 """
 
 from __future__ import annotations
@@ -30,17 +30,22 @@ from fleettune.api.base import (
     MAX_TUNED_TARGETS,
     Model,
 )
+from fleettune.api.kernelsource import (
+    IDENTIFIER,
+    ArgumentDtype,
+    ArgumentSpec,
+    Expression,
+    SourceRef,
+    TritonSourceRef,
+    VerificationSpec,
+)
 from fleettune.api.reuse import FleetMemorySpec, PublishSpec, VllmTableSpec, WarmStartSpec
 from fleettune.api.spec import (
-    IDENTIFIER,
     MAX_PROBLEM_SIZES,
     MAX_PULL_SECRETS,
     Affinity,
-    ArgumentDtype,
-    ArgumentSpec,
     BudgetSpec,
     Dimension,
-    Expression,
     JobTemplateSpec,
     KernelSpec,
     LocalObjectReference,
@@ -51,14 +56,11 @@ from fleettune.api.spec import (
     QueueSpec,
     RangeSpec,
     RetunePolicy,
-    SourceRef,
     StrategyName,
     StrategySpec,
     TargetSpec,
     Toleration,
-    TritonSourceRef,
     TuningRunSpec,
-    VerificationSpec,
 )
 from fleettune.api.status import (
     Condition,

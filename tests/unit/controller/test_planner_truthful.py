@@ -11,6 +11,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from fleet_double import A100, FakeFleet
 from test_planner import SPEC, timed
@@ -19,6 +20,7 @@ from fleettune.api import TargetSpec
 from fleettune.controller.fleet import FleetView
 from fleettune.jobs import entries_of
 from fleettune.labels import TRIAL_LABEL
+from fleettune_job import nvrtc
 from fleettune_job.protocol import Outcome, TrialResult
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -86,6 +88,36 @@ def test_a_source_missing_from_the_start_is_waited_for_naming_the_configmap_and_
     assert plan.report is not None and (plan.report.phase, plan.report.reason) == ("Pending", "SourceNotFound")
     assert plan.report.message == ("spec.kernel.source.configMap: ConfigMap 'transpose-source' not found in the "
                                    "run's namespace; waiting for ConfigMap 'transpose-source' key 'transpose.cu'")
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="libnvrtc not found: the operator's compile check is skipped")
+def test_a_source_that_does_not_compile_fails_the_run_until_it_is_fixed() -> None:
+    spec = copy.deepcopy(USER_RUN["spec"])
+    spec["targets"] = spec["targets"][:1]
+    spec["budget"] = {**spec["budget"], "trialsPerTarget": 4, "parallelism": 2, "trialsPerPod": 1}
+    name, key = spec["kernel"]["source"]["configMap"], spec["kernel"]["source"]["key"]
+    broken = dict(SOURCE_MAP["data"])
+    broken[key] = broken[key].replace("blockIdx.x", "blockIdy.x")
+    f = FakeFleet(spec=spec, measure=transpose_ms, config_maps={name: broken})
+    plan = f.step()
+    assert (plan.report.phase, plan.report.reason) == ("Failed", "InvalidSpec") and not plan.create
+    assert "blockIdy" in ready(f)["message"] and not plan.finished
+
+    # Read again unchanged: not compiled again, and the compiler's message stays.
+    f.advance(16)
+    plan = f.step()
+    assert plan.report.reason == "InvalidSpec" and "blockIdy" in ready(f)["message"] and not plan.create
+
+    # The fix is enough: the run reads the new source and tunes it.
+    f.config_maps[name] = dict(SOURCE_MAP["data"])
+    f.advance(16)
+    plan = f.step()
+    assert plan.create and ready(f)["reason"] == "Tuning"
+    f.finish()
+    f.step()
+    f.finish()
+    f.step()
+    assert f.run().phase == "Succeeded" and f.target()["completed"] == 4
 
 
 # ---------------------------------------------------------------------------- parallelism and capacity

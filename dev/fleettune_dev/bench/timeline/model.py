@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fleettune.api.spec import KernelSpec
+from fleettune.api import KernelSpec
 from fleettune_dev.bench.strategy import Replay
 from fleettune_dev.sim.startup import PodStartup
 from fleettune_job.ahead import MAX_COMPILE_WORKERS
